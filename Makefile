@@ -1,0 +1,36 @@
+# One word for each thing a newcomer needs. `make test` is what CI runs.
+SHELL := /bin/bash
+CARGO ?= cargo
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/taskmesh-target
+PY_VENV ?= $(HOME)/.cache/taskmesh-py
+
+.PHONY: run build test services fmt fmt-check lint unit proto-python help
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+run: ## Start the embedded demo: a node on SQLite plus a local worker (echo, sleep, fail)
+	$(CARGO) run -p taskmesh-cli --bin taskmesh -- dev
+
+build: ## Build the taskmesh binary (debug)
+	$(CARGO) build -p taskmesh-cli --bin taskmesh
+
+test: services fmt-check lint build proto-python unit ## Everything CI checks
+
+services: ## Make sure the machine's Postgres and Redis answer (start them if not)
+	bash scripts/ensure-services.sh
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+lint: ## Clippy on every target, warnings are errors
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+unit: build ## The Rust tests: unit, property, conformance and end-to-end
+	$(CARGO) test --workspace
+
+proto-python: ## Generate Python stubs from proto/ with grpcio-tools (checks the contract compiles for other languages)
+	bash scripts/proto-python.sh "$(PY_VENV)"

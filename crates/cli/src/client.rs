@@ -1,0 +1,288 @@
+//! Client subcommands: submit, get, list, cancel. They talk gRPC to a node
+//! and print either a short human form or the proto3 JSON of the response.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use prost::Message;
+use taskmesh::v1::{self as pb, task_api_client::TaskApiClient};
+use taskmesh_cli::env;
+use tonic::transport::Channel;
+
+/// Output forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Short human-readable text.
+    Text,
+    /// The response as proto3 JSON.
+    Json,
+}
+
+/// Flags every client subcommand takes.
+#[derive(Debug, Args)]
+pub struct Common {
+    /// Server URL (the first of a comma-separated list is used).
+    #[arg(long, env = env::SERVER, default_value = "http://127.0.0.1:50051")]
+    server: String,
+    /// Output form.
+    #[arg(long, short, value_enum, default_value_t = Output::Text)]
+    output: Output,
+}
+
+/// `taskmesh submit`.
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// Handler name, e.g. echo.
+    handler: String,
+    /// Payload (sent as application/json when it parses as JSON).
+    #[arg(long, default_value = "")]
+    payload: String,
+    /// Priority: higher runs first.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// Run after this delay, e.g. 30s or 5m.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    delay: Option<Duration>,
+    /// Idempotency key.
+    #[arg(long)]
+    client_request_id: Option<String>,
+    /// Total attempts allowed.
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// Execution timeout of one attempt, e.g. 30s.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// `taskmesh get`.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// Task id.
+    task_id: String,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// `taskmesh list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only this state, e.g. RUNNING.
+    #[arg(long)]
+    state: Option<String>,
+    /// Only this handler.
+    #[arg(long)]
+    handler: Option<String>,
+    /// Page size (1-1000).
+    #[arg(long, default_value_t = 20)]
+    limit: u32,
+    /// Page token from a previous list.
+    #[arg(long)]
+    page_token: Option<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// `taskmesh cancel`.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// Task id.
+    task_id: String,
+    /// Why.
+    #[arg(long, default_value = "")]
+    reason: String,
+    #[command(flatten)]
+    common: Common,
+}
+
+async fn client(common: &Common) -> anyhow::Result<TaskApiClient<Channel>> {
+    let url = common
+        .server
+        .split(',')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let channel = tonic::transport::Endpoint::from_shared(url.clone())
+        .with_context(|| format!("invalid server URL {url:?}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {url}"))?;
+    Ok(TaskApiClient::new(channel))
+}
+
+fn status_error(status: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", status.code(), status.message())
+}
+
+fn to_duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+/// Prints a message as proto3 JSON using the contract's descriptors.
+fn print_json<M: Message>(msg: &M, full_name: &str) -> anyhow::Result<()> {
+    let pool = prost_reflect::DescriptorPool::decode(taskmesh::FILE_DESCRIPTOR_SET)?;
+    let desc = pool
+        .get_message_by_name(full_name)
+        .with_context(|| format!("{full_name} missing from the descriptor set"))?;
+    let dynamic = prost_reflect::DynamicMessage::decode(desc, msg.encode_to_vec().as_slice())?;
+    println!("{}", serde_json::to_string_pretty(&dynamic)?);
+    Ok(())
+}
+
+fn state_name(state: i32) -> &'static str {
+    pb::TaskState::try_from(state)
+        .map(|s| s.as_str_name().trim_start_matches("TASK_STATE_"))
+        .unwrap_or("?")
+}
+
+fn print_task(t: &pb::Task) {
+    println!("task_id:  {}", t.task_id);
+    println!("handler:  {}", t.handler);
+    println!("state:    {}", state_name(t.state));
+    println!(
+        "attempts: {} (runs {} of {})",
+        t.attempts.len(),
+        t.run_count,
+        t.max_attempts
+    );
+    if let Some(out) = &t.output {
+        println!("output:   {}", String::from_utf8_lossy(&out.data));
+    }
+    if !t.error_message.is_empty() {
+        println!("error:    {}", t.error_message);
+    }
+}
+
+/// `taskmesh submit`.
+pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
+    let mut api = client(&args.common).await?;
+    let content_type = if serde_json::from_str::<serde_json::Value>(&args.payload).is_ok() {
+        "application/json"
+    } else {
+        "text/plain"
+    };
+    let req = pb::SubmitTaskRequest {
+        handler: args.handler,
+        payload: Some(pb::Payload {
+            data: args.payload.into_bytes(),
+            content_type: content_type.into(),
+        }),
+        priority: args.priority,
+        client_request_id: args.client_request_id.unwrap_or_default(),
+        retry_policy: args.max_attempts.map(|n| pb::RetryPolicy {
+            max_attempts: n,
+            ..Default::default()
+        }),
+        timeout: args.timeout.map(to_duration),
+        delay: args.delay.map(to_duration),
+        ..Default::default()
+    };
+    let resp = api
+        .submit_task(req)
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    match args.common.output {
+        Output::Json => print_json(&resp, "taskmesh.v1.SubmitTaskResponse"),
+        Output::Text => {
+            println!("{}", resp.task_id);
+            Ok(())
+        }
+    }
+}
+
+/// `taskmesh get`.
+pub async fn get(args: GetArgs) -> anyhow::Result<()> {
+    let mut api = client(&args.common).await?;
+    let resp = api
+        .get_task(pb::GetTaskRequest {
+            task_id: args.task_id,
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    match args.common.output {
+        Output::Json => print_json(&resp, "taskmesh.v1.GetTaskResponse"),
+        Output::Text => {
+            if let Some(t) = &resp.task {
+                print_task(t);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `taskmesh list`.
+pub async fn list(args: ListArgs) -> anyhow::Result<()> {
+    let state = match &args.state {
+        None => pb::TaskState::Unspecified,
+        Some(s) => {
+            let name = format!("TASK_STATE_{}", s.to_ascii_uppercase());
+            pb::TaskState::from_str_name(&name).with_context(|| {
+                format!("unknown state {s:?}; try READY, RUNNING, SUCCEEDED, FAILED")
+            })?
+        }
+    };
+    let mut api = client(&args.common).await?;
+    let resp = api
+        .list_tasks(pb::ListTasksRequest {
+            state: state as i32,
+            handler: args.handler.unwrap_or_default(),
+            page_size: args.limit,
+            page_token: args.page_token.unwrap_or_default(),
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    match args.common.output {
+        Output::Json => print_json(&resp, "taskmesh.v1.ListTasksResponse"),
+        Output::Text => {
+            println!(
+                "{:<36}  {:<11}  {:<16}  ATTEMPTS",
+                "TASK_ID", "STATE", "HANDLER"
+            );
+            for t in &resp.tasks {
+                println!(
+                    "{:<36}  {:<11}  {:<16}  {}",
+                    t.task_id,
+                    state_name(t.state),
+                    t.handler,
+                    t.run_count
+                );
+            }
+            if !resp.next_page_token.is_empty() {
+                println!("next page: --page-token {}", resp.next_page_token);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `taskmesh cancel`.
+pub async fn cancel(args: CancelArgs) -> anyhow::Result<()> {
+    let mut api = client(&args.common).await?;
+    let resp = api
+        .cancel_task(pb::CancelTaskRequest {
+            task_id: args.task_id,
+            reason: args.reason,
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    match args.common.output {
+        Output::Json => print_json(&resp, "taskmesh.v1.CancelTaskResponse"),
+        Output::Text => {
+            if let Some(t) = &resp.task {
+                print_task(t);
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! Every environment variable taskmesh reads, in one place. Precedence:
+//! built-in defaults < `TASKMESH_*` variables < command-line flags.
+
+/// Directory holding the SQLite database (`serve`).
+pub const DATA_DIR: &str = "TASKMESH_DATA_DIR";
+/// gRPC listen address (`serve`).
+pub const GRPC_ADDR: &str = "TASKMESH_GRPC_ADDR";
+/// HTTP listen address for health (and later REST and metrics) (`serve`).
+pub const HTTP_ADDR: &str = "TASKMESH_HTTP_ADDR";
+/// ACK timeout (`serve`), e.g. "10s".
+pub const ACK_TIMEOUT: &str = "TASKMESH_ACK_TIMEOUT";
+/// Heartbeat interval asked of workers (`serve`), e.g. "5s".
+pub const HEARTBEAT_INTERVAL: &str = "TASKMESH_HEARTBEAT_INTERVAL";
+/// Largest payload accepted at submit, in bytes (`serve`).
+pub const MAX_PAYLOAD_BYTES: &str = "TASKMESH_MAX_PAYLOAD_BYTES";
+/// Requests in flight before shedding (`serve`).
+pub const MAX_CONCURRENT_REQUESTS: &str = "TASKMESH_MAX_CONCURRENT_REQUESTS";
+/// Server address(es) for clients and workers, comma-separated.
+pub const SERVER: &str = "TASKMESH_SERVER";
+/// Handlers a worker serves, comma-separated.
+pub const HANDLERS: &str = "TASKMESH_HANDLERS";
+/// Worker concurrency (slots).
+pub const CONCURRENCY: &str = "TASKMESH_CONCURRENCY";
+/// Log format: "text" or "json".
+pub const LOG_FORMAT: &str = "TASKMESH_LOG_FORMAT";
+/// Log filter, in `tracing_subscriber::EnvFilter` syntax.
+pub const LOG: &str = "TASKMESH_LOG";

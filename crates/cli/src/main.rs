@@ -1,0 +1,207 @@
+//! `taskmesh`: run a node, run a worker, or talk to a node as a client.
+
+mod client;
+mod logging;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use taskmesh_cli::{env, node};
+use tokio_util::sync::CancellationToken;
+
+/// A distributed task scheduler and dispatcher whose every interface is a
+/// Protobuf contract.
+#[derive(Debug, Parser)]
+#[command(name = "taskmesh", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a node: the gRPC API and dispatcher, the scheduler and the HTTP port.
+    Serve(ServeArgs),
+    /// Run a node with an in-process worker serving the built-in handlers
+    /// (echo, sleep, fail): the one-command demo.
+    Dev(ServeArgs),
+    /// Run a worker with the built-in handlers against one or more servers.
+    Worker(WorkerArgs),
+    /// Submit a task.
+    Submit(client::SubmitArgs),
+    /// Show a task with its attempts.
+    Get(client::GetArgs),
+    /// List tasks, newest first.
+    List(client::ListArgs),
+    /// Cancel a task.
+    Cancel(client::CancelArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Directory for the SQLite database (created if missing).
+    #[arg(long, env = env::DATA_DIR, default_value = "taskmesh-data")]
+    data_dir: PathBuf,
+    /// gRPC listen address (TaskApi and Dispatcher).
+    #[arg(long, env = env::GRPC_ADDR, default_value = "127.0.0.1:50051")]
+    grpc_addr: SocketAddr,
+    /// HTTP listen address (/healthz, /readyz).
+    #[arg(long, env = env::HTTP_ADDR, default_value = "127.0.0.1:8080")]
+    http_addr: SocketAddr,
+    /// A push not ACKed within this is taken back and re-dispatched.
+    #[arg(long, env = env::ACK_TIMEOUT, default_value = "10s", value_parser = humantime::parse_duration)]
+    ack_timeout: Duration,
+    /// Heartbeat interval asked of workers; three missed ones lose the worker.
+    #[arg(long, env = env::HEARTBEAT_INTERVAL, default_value = "5s", value_parser = humantime::parse_duration)]
+    heartbeat_interval: Duration,
+    /// Largest task payload accepted, in bytes.
+    #[arg(long, env = env::MAX_PAYLOAD_BYTES, default_value_t = 1024 * 1024)]
+    max_payload_bytes: usize,
+    /// gRPC requests in flight before new ones are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env = env::MAX_CONCURRENT_REQUESTS, default_value_t = 1024)]
+    max_concurrent_requests: usize,
+    /// Also run an in-process worker with the built-in handlers.
+    #[arg(long)]
+    with_worker: bool,
+    /// Slots of the in-process worker.
+    #[arg(long, default_value_t = 8)]
+    worker_concurrency: u32,
+    #[command(flatten)]
+    log: logging::LogArgs,
+}
+
+#[derive(Debug, Args)]
+struct WorkerArgs {
+    /// Server URL(s), comma-separated; the worker fails over between them.
+    #[arg(long, env = env::SERVER, value_delimiter = ',', default_value = "http://127.0.0.1:50051")]
+    server: Vec<String>,
+    /// Built-in handlers to serve, comma-separated (echo, sleep, fail).
+    #[arg(long, env = env::HANDLERS, value_delimiter = ',', default_value = "echo,sleep,fail")]
+    handlers: Vec<String>,
+    /// Tasks run at once.
+    #[arg(long, env = env::CONCURRENCY, default_value_t = 8)]
+    concurrency: u32,
+    /// Worker id (default: a fresh UUID).
+    #[arg(long)]
+    worker_id: Option<String>,
+    /// Labels the worker carries, as key=value, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    label: Vec<String>,
+    #[command(flatten)]
+    log: logging::LogArgs,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => serve(args, false).await,
+        Command::Dev(args) => serve(args, true).await,
+        Command::Worker(args) => worker(args).await,
+        Command::Submit(args) => client::submit(args).await,
+        Command::Get(args) => client::get(args).await,
+        Command::List(args) => client::list(args).await,
+        Command::Cancel(args) => client::cancel(args).await,
+    }
+}
+
+async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
+    args.log.init();
+    let mut opts = node::NodeOptions::new();
+    opts.data_dir = args.data_dir;
+    opts.grpc_addr = args.grpc_addr;
+    opts.http_addr = args.http_addr;
+    opts.dispatcher.ack_timeout = args.ack_timeout;
+    opts.dispatcher.heartbeat_interval = args.heartbeat_interval;
+    opts.dispatcher.max_payload_bytes = args.max_payload_bytes;
+    opts.dispatcher.max_concurrent_requests = args.max_concurrent_requests;
+    if dev || args.with_worker {
+        opts.with_worker = Some(args.worker_concurrency);
+    }
+    let node = node::start(opts).await?;
+    let token = node.shutdown_token();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutdown signal received");
+        token.cancel();
+    });
+    node.wait(Duration::from_secs(15)).await;
+    Ok(())
+}
+
+async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    args.log.init();
+    let mut opts = taskmesh_worker::WorkerOptions::new(args.server);
+    opts.concurrency = args.concurrency;
+    if let Some(id) = args.worker_id {
+        opts.worker_id = id;
+    }
+    for kv in &args.label {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("label {kv:?} must look like key=value"))?;
+        opts.labels.insert(k.to_string(), v.to_string());
+    }
+    opts.validate()?;
+    let mut worker = taskmesh_worker::Worker::new(opts);
+    for name in &args.handlers {
+        let handler = taskmesh_worker::builtin::builtin(name).ok_or_else(|| {
+            anyhow::anyhow!(
+                "no built-in handler {name:?}; built-ins are {}",
+                taskmesh_worker::builtin::BUILTIN_NAMES.join(", ")
+            )
+        })?;
+        worker.add_handler(name.as_str(), handler);
+    }
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutdown signal received, draining");
+        token.cancel();
+    });
+    worker.run(shutdown).await?;
+    Ok(())
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

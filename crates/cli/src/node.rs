@@ -1,0 +1,232 @@
+//! Starting and stopping one node (`taskmesh serve`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::{Router, http::StatusCode, routing::get};
+use taskmesh_coord::{Coordinator, LocalCoordinator};
+use taskmesh_core::{Clock, SystemClock};
+use taskmesh_dispatcher::{Dispatcher, DispatcherOptions};
+use taskmesh_scheduler::{Scheduler, SchedulerOptions};
+use taskmesh_store::{SqliteOptions, SqliteStore, Store};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// What a node needs to start.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Directory of the SQLite database (created if missing).
+    pub data_dir: PathBuf,
+    /// gRPC listen address; port 0 picks a free one.
+    pub grpc_addr: SocketAddr,
+    /// HTTP listen address; port 0 picks a free one.
+    pub http_addr: SocketAddr,
+    /// Dispatcher options.
+    pub dispatcher: DispatcherOptions,
+    /// Scheduler options.
+    pub scheduler: SchedulerOptions,
+    /// Start an in-process worker with the built-in handlers and this many
+    /// slots (`taskmesh dev`).
+    pub with_worker: Option<u32>,
+}
+
+impl NodeOptions {
+    /// Defaults: `./taskmesh-data`, gRPC on 127.0.0.1:50051, HTTP on 127.0.0.1:8080.
+    pub fn new() -> Self {
+        Self {
+            data_dir: PathBuf::from("taskmesh-data"),
+            grpc_addr: ([127, 0, 0, 1], 50051).into(),
+            http_addr: ([127, 0, 0, 1], 8080).into(),
+            dispatcher: DispatcherOptions::default(),
+            scheduler: SchedulerOptions::default(),
+            with_worker: None,
+        }
+    }
+
+    /// Checks the options make sense together.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let d = &self.dispatcher;
+        anyhow::ensure!(!d.ack_timeout.is_zero(), "ack timeout must be above zero");
+        anyhow::ensure!(
+            !d.heartbeat_interval.is_zero(),
+            "heartbeat interval must be above zero"
+        );
+        anyhow::ensure!(
+            d.max_payload_bytes > 0,
+            "max payload bytes must be above zero"
+        );
+        anyhow::ensure!(
+            d.max_payload_bytes < d.max_message_bytes,
+            "max payload bytes ({}) must be below the gRPC message limit ({})",
+            d.max_payload_bytes,
+            d.max_message_bytes
+        );
+        anyhow::ensure!(
+            d.max_concurrent_requests > 0,
+            "max concurrent requests must be above zero"
+        );
+        Ok(())
+    }
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A running node.
+pub struct RunningNode {
+    /// Where gRPC is served.
+    pub grpc_addr: SocketAddr,
+    /// Where HTTP is served.
+    pub http_addr: SocketAddr,
+    /// The store (tests read it directly).
+    pub store: Arc<dyn Store>,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningNode {
+    /// The token that stops the node when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Stops the node and waits for its parts to end (at most `grace`, then
+    /// they are aborted).
+    pub async fn stop(self, grace: Duration) {
+        self.shutdown.cancel();
+        self.wait(grace).await;
+    }
+
+    /// Waits until the node's shutdown token is cancelled and its parts end.
+    pub async fn wait(self, grace: Duration) {
+        self.shutdown.cancelled().await;
+        let deadline = tokio::time::Instant::now() + grace;
+        for mut task in self.tasks {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                task.abort();
+            }
+        }
+        info!("node stopped");
+    }
+}
+
+/// Starts a node: opens the store, recovers orphaned attempts, then serves.
+pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
+    opts.validate()?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let db = opts.data_dir.join("taskmesh.db");
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(SqliteOptions::new(db.clone()))
+            .await
+            .with_context(|| format!("opening the SQLite store at {}", db.display()))?,
+    );
+    let node_id = format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let coord: Arc<dyn Coordinator> =
+        Arc::new(LocalCoordinator::with_clock(node_id, clock.clone()));
+
+    let (reaped_tx, reaped_rx) = tokio::sync::mpsc::channel(1024);
+    let scheduler = Scheduler::build(
+        opts.scheduler.clone(),
+        store.clone(),
+        coord.clone(),
+        clock.clone(),
+        reaped_tx,
+    );
+    let dispatcher = Dispatcher::build(
+        opts.dispatcher.clone(),
+        store.clone(),
+        coord.clone(),
+        clock.clone(),
+        scheduler.handle(),
+        reaped_rx,
+    );
+    dispatcher
+        .recover()
+        .await
+        .context("recovering in-flight tasks")?;
+
+    let grpc = TcpListener::bind(opts.grpc_addr)
+        .await
+        .with_context(|| format!("binding the gRPC address {}", opts.grpc_addr))?;
+    let http = TcpListener::bind(opts.http_addr)
+        .await
+        .with_context(|| format!("binding the HTTP address {}", opts.http_addr))?;
+    let grpc_addr = grpc.local_addr()?;
+    let http_addr = http.local_addr()?;
+
+    let shutdown = CancellationToken::new();
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(scheduler.run(shutdown.child_token())));
+    let grpc_shutdown = shutdown.child_token();
+    tasks.push(tokio::spawn(async move {
+        if let Err(err) = dispatcher.serve(grpc, grpc_shutdown).await {
+            warn!(error = %err, "grpc server failed");
+        }
+    }));
+    tasks.push(tokio::spawn(serve_http(
+        http,
+        store.clone(),
+        shutdown.child_token(),
+    )));
+    if let Some(slots) = opts.with_worker {
+        tasks.push(tokio::spawn(local_worker(
+            grpc_addr,
+            slots,
+            shutdown.child_token(),
+        )));
+    }
+    info!(%grpc_addr, %http_addr, data_dir = %opts.data_dir.display(), "taskmesh node started");
+    Ok(RunningNode {
+        grpc_addr,
+        http_addr,
+        store,
+        shutdown,
+        tasks,
+    })
+}
+
+async fn serve_http(listener: TcpListener, store: Arc<dyn Store>, shutdown: CancellationToken) {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let store = store.clone();
+                async move {
+                    match store.ping().await {
+                        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+                        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n")),
+                    }
+                }
+            }),
+        );
+    if let Err(err) = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+    {
+        warn!(error = %err, "http server failed");
+    }
+}
+
+async fn local_worker(grpc_addr: SocketAddr, slots: u32, shutdown: CancellationToken) {
+    let mut opts = taskmesh_worker::WorkerOptions::new(vec![format!("http://{grpc_addr}")]);
+    opts.concurrency = slots;
+    opts.name = "local".into();
+    let mut worker = taskmesh_worker::Worker::new(opts);
+    for name in taskmesh_worker::builtin::BUILTIN_NAMES {
+        if let Some(h) = taskmesh_worker::builtin::builtin(name) {
+            worker.add_handler(*name, h);
+        }
+    }
+    if let Err(err) = worker.run(shutdown).await {
+        warn!(error = %err, "local worker failed");
+    }
+}

@@ -1,0 +1,193 @@
+//! The in-process coordinator for a single node: this node is always the
+//! leader, the registry is a map. Same contract as the Redis one, so the
+//! rest of the system cannot tell them apart.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use taskmesh_core::{Clock, SystemClock, UnixMillis};
+
+use crate::{Coordinator, Lease, Result, WorkerEntry};
+
+/// How long an in-process lease lasts before it must be renewed.
+const LEASE_MS: i64 = 10_000;
+
+/// Single-node coordination held in memory.
+#[derive(Debug, Clone)]
+pub struct LocalCoordinator {
+    node_id: String,
+    clock: Arc<dyn Clock>,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    token: u64,
+    held: Option<Lease>,
+    workers: BTreeMap<String, WorkerEntry>,
+    keys: BTreeMap<String, (String, UnixMillis)>,
+}
+
+impl LocalCoordinator {
+    /// A coordinator for the node `node_id` on the system clock.
+    pub fn new(node_id: impl Into<String>) -> Self {
+        Self::with_clock(node_id, Arc::new(SystemClock))
+    }
+
+    /// A coordinator on the given clock (tests drive a fake one).
+    pub fn with_clock(node_id: impl Into<String>, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            node_id: node_id.into(),
+            clock,
+            state: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding this lock leaves only plain maps behind;
+        // carrying on with them is safe.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait]
+impl Coordinator for LocalCoordinator {
+    fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    async fn acquire_or_renew(&self) -> Result<Option<Lease>> {
+        let now = self.clock.now_millis();
+        let mut st = self.lock();
+        let token = match st.held {
+            Some(lease) if lease.expires_at > now => lease.token,
+            _ => {
+                st.token += 1;
+                st.token
+            }
+        };
+        let lease = Lease {
+            token,
+            expires_at: now + LEASE_MS,
+        };
+        st.held = Some(lease);
+        Ok(Some(lease))
+    }
+
+    async fn resign(&self) -> Result<()> {
+        self.lock().held = None;
+        Ok(())
+    }
+
+    async fn put_worker(&self, entry: WorkerEntry) -> Result<()> {
+        self.lock().workers.insert(entry.session_id.clone(), entry);
+        Ok(())
+    }
+
+    async fn remove_worker(&self, session_id: &str) -> Result<()> {
+        self.lock().workers.remove(session_id);
+        Ok(())
+    }
+
+    async fn list_workers(&self) -> Result<Vec<WorkerEntry>> {
+        Ok(self.lock().workers.values().cloned().collect())
+    }
+
+    async fn put_idempotency_key(
+        &self,
+        key: &str,
+        value: &str,
+        ttl_ms: i64,
+    ) -> Result<Option<String>> {
+        let now = self.clock.now_millis();
+        let mut st = self.lock();
+        st.keys.retain(|_, (_, expires)| *expires > now);
+        if let Some((existing, _)) = st.keys.get(key) {
+            return Ok(Some(existing.clone()));
+        }
+        st.keys
+            .insert(key.to_string(), (value.to_string(), now + ttl_ms));
+        Ok(None)
+    }
+
+    async fn ping(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use taskmesh_core::FakeClock;
+
+    fn coord() -> (LocalCoordinator, FakeClock) {
+        let clock = FakeClock::new(1_000);
+        (
+            LocalCoordinator::with_clock("n1", Arc::new(clock.clone())),
+            clock,
+        )
+    }
+
+    #[tokio::test]
+    async fn renewing_keeps_the_token_and_a_lapsed_lease_gets_a_larger_one() {
+        let (c, clock) = coord();
+        let first = c.acquire_or_renew().await.unwrap().unwrap();
+        clock.advance(LEASE_MS / 2);
+        let renewed = c.acquire_or_renew().await.unwrap().unwrap();
+        assert_eq!(renewed.token, first.token);
+        assert!(renewed.expires_at > first.expires_at);
+        clock.advance(LEASE_MS + 1);
+        let fresh = c.acquire_or_renew().await.unwrap().unwrap();
+        assert!(fresh.token > first.token);
+        c.resign().await.unwrap();
+        let after = c.acquire_or_renew().await.unwrap().unwrap();
+        assert!(after.token > fresh.token);
+    }
+
+    #[tokio::test]
+    async fn idempotency_keys_keep_the_first_value_until_they_expire() {
+        let (c, clock) = coord();
+        assert_eq!(c.put_idempotency_key("k", "a", 100).await.unwrap(), None);
+        assert_eq!(
+            c.put_idempotency_key("k", "b", 100)
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("a")
+        );
+        clock.advance(101);
+        assert_eq!(c.put_idempotency_key("k", "b", 100).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn the_registry_lists_what_was_put_and_not_removed() {
+        let (c, _) = coord();
+        for s in ["s2", "s1"] {
+            c.put_worker(WorkerEntry {
+                session_id: s.into(),
+                worker_id: format!("w-{s}"),
+                name: String::new(),
+                node_id: "n1".into(),
+                handlers: vec!["echo".into()],
+                capacity: 1,
+                labels: Default::default(),
+                weight: 1,
+                load: Default::default(),
+                last_seen: 0,
+                draining: false,
+            })
+            .await
+            .unwrap();
+        }
+        c.remove_worker("s2").await.unwrap();
+        let ids: Vec<_> = c
+            .list_workers()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|w| w.session_id)
+            .collect();
+        assert_eq!(ids, vec!["s1"]);
+    }
+}

@@ -1,0 +1,23 @@
+//! The domain of taskmesh: tasks and their state machine, retry and backoff,
+//! ids, the [`Clock`], validation and the error vocabulary shared by gRPC and
+//! REST.
+//!
+//! Architecture invariant: this crate does no I/O and knows nothing of tonic,
+//! sqlx or redis. Every transition of a task is computed here by the pure
+//! function [`state::apply`]; the store only persists its result with a
+//! compare-and-set on the task's version.
+
+pub mod clock;
+pub mod error;
+pub mod id;
+pub mod retry;
+pub mod state;
+pub mod task;
+pub mod validate;
+
+pub use clock::{Clock, FakeClock, SystemClock, UnixMillis};
+pub use error::ErrorCode;
+pub use state::{
+    AttemptChange, Event, ReleaseReason, TaskState, Transition, TransitionError, apply,
+};
+pub use task::{AttemptOutcome, AttemptRecord, NewTask, RetryPolicy, StateTimes, TaskRecord};

@@ -1,0 +1,301 @@
+//! The task as the domain sees it, independent of the wire and the store.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{UnixMillis, state::TaskState};
+
+/// Default total attempts of a task.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// Default backoff before the first retry.
+pub const DEFAULT_INITIAL_BACKOFF_MS: i64 = 1_000;
+/// Default growth factor of the backoff.
+pub const DEFAULT_BACKOFF_MULTIPLIER: f64 = 2.0;
+/// Default cap of any backoff.
+pub const DEFAULT_MAX_BACKOFF_MS: i64 = 300_000;
+/// Default execution timeout of one attempt.
+pub const DEFAULT_TIMEOUT_MS: i64 = 600_000;
+
+/// When a failed attempt is tried again. Always stored with defaults filled in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Total attempts allowed, the first included (at least 1).
+    pub max_attempts: u32,
+    /// Backoff before the first retry.
+    pub initial_backoff_ms: i64,
+    /// Factor applied after each retry (at least 1.0).
+    pub multiplier: f64,
+    /// Upper bound of any backoff.
+    pub max_backoff_ms: i64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            initial_backoff_ms: DEFAULT_INITIAL_BACKOFF_MS,
+            multiplier: DEFAULT_BACKOFF_MULTIPLIER,
+            max_backoff_ms: DEFAULT_MAX_BACKOFF_MS,
+        }
+    }
+}
+
+/// A validated request to create a task.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NewTask {
+    /// Id chosen for the task (used only if it is created).
+    pub id: String,
+    /// Handler name.
+    pub handler: String,
+    /// Input bytes.
+    pub payload: Vec<u8>,
+    /// Media type of the payload.
+    pub content_type: String,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Labels a worker must carry.
+    pub labels: BTreeMap<String, String>,
+    /// Consistent-hash key.
+    pub routing_key: String,
+    /// Idempotency key, if the caller gave one.
+    pub client_request_id: Option<String>,
+    /// Callback URL, empty for none.
+    pub callback_url: String,
+    /// Retry policy with defaults filled in.
+    pub retry: RetryPolicy,
+    /// Execution timeout of one attempt.
+    pub timeout_ms: i64,
+    /// Earliest instant to run.
+    pub run_at: UnixMillis,
+    /// W3C traceparent of the submitter, empty for none.
+    pub traceparent: String,
+}
+
+impl NewTask {
+    /// A digest of everything the caller asked for, so a repeated
+    /// `client_request_id` can be told apart from a different request. The id
+    /// and `run_at` resolved from a relative delay are left out on purpose.
+    pub fn request_fingerprint(&self, requested_run_at: Option<UnixMillis>) -> String {
+        use sha2::{Digest, Sha256};
+        #[derive(Serialize)]
+        struct Fingerprint<'a> {
+            handler: &'a str,
+            payload: &'a [u8],
+            content_type: &'a str,
+            priority: i32,
+            labels: &'a BTreeMap<String, String>,
+            routing_key: &'a str,
+            callback_url: &'a str,
+            retry: &'a RetryPolicy,
+            timeout_ms: i64,
+            run_at: Option<UnixMillis>,
+        }
+        let body = serde_json::to_vec(&Fingerprint {
+            handler: &self.handler,
+            payload: &self.payload,
+            content_type: &self.content_type,
+            priority: self.priority,
+            labels: &self.labels,
+            routing_key: &self.routing_key,
+            callback_url: &self.callback_url,
+            retry: &self.retry,
+            timeout_ms: self.timeout_ms,
+            run_at: requested_run_at,
+        })
+        .unwrap_or_default();
+        let digest = Sha256::digest(&body);
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The record of this task as first stored at `now`.
+    pub fn into_record(self, now: UnixMillis) -> TaskRecord {
+        let due = self.run_at <= now;
+        let state = if due {
+            TaskState::Ready
+        } else {
+            TaskState::Pending
+        };
+        let mut times = StateTimes::default();
+        if due {
+            times.ready = Some(now);
+        } else {
+            times.pending = Some(now);
+        }
+        TaskRecord {
+            id: self.id,
+            handler: self.handler,
+            payload: self.payload,
+            content_type: self.content_type,
+            state,
+            priority: self.priority,
+            labels: self.labels,
+            routing_key: self.routing_key,
+            client_request_id: self.client_request_id,
+            callback_url: self.callback_url,
+            retry: self.retry,
+            timeout_ms: self.timeout_ms,
+            run_at: self.run_at,
+            created_at: now,
+            updated_at: now,
+            times,
+            attempt: 0,
+            run_count: 0,
+            execution_id: None,
+            worker_id: None,
+            next_at: if due { None } else { Some(self.run_at) },
+            output: None,
+            output_content_type: String::new(),
+            error_message: String::new(),
+            version: 1,
+            traceparent: self.traceparent,
+            attempts: Vec::new(),
+        }
+    }
+}
+
+/// When a task last entered each state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateTimes {
+    /// Entered PENDING.
+    pub pending: Option<UnixMillis>,
+    /// Last entered READY.
+    pub ready: Option<UnixMillis>,
+    /// Last entered DISPATCHING.
+    pub dispatching: Option<UnixMillis>,
+    /// Last entered RUNNING.
+    pub running: Option<UnixMillis>,
+    /// Last entered RETRYING.
+    pub retrying: Option<UnixMillis>,
+    /// Entered its terminal state.
+    pub end: Option<UnixMillis>,
+}
+
+/// A task as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    /// Task id.
+    pub id: String,
+    /// Handler name.
+    pub handler: String,
+    /// Input bytes.
+    pub payload: Vec<u8>,
+    /// Media type of the payload.
+    pub content_type: String,
+    /// Current state.
+    pub state: TaskState,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Labels a worker must carry.
+    pub labels: BTreeMap<String, String>,
+    /// Consistent-hash key.
+    pub routing_key: String,
+    /// Idempotency key.
+    pub client_request_id: Option<String>,
+    /// Callback URL, empty for none.
+    pub callback_url: String,
+    /// Retry policy.
+    pub retry: RetryPolicy,
+    /// Execution timeout of one attempt.
+    pub timeout_ms: i64,
+    /// Earliest instant to run.
+    pub run_at: UnixMillis,
+    /// When accepted.
+    pub created_at: UnixMillis,
+    /// When last changed.
+    pub updated_at: UnixMillis,
+    /// When each state was entered.
+    pub times: StateTimes,
+    /// Pushes so far (the current attempt's number while DISPATCHING/RUNNING).
+    pub attempt: u32,
+    /// Attempts that reached RUNNING.
+    pub run_count: u32,
+    /// Current attempt's execution id while DISPATCHING or RUNNING.
+    pub execution_id: Option<String>,
+    /// Current attempt's worker while DISPATCHING or RUNNING.
+    pub worker_id: Option<String>,
+    /// The instant this task next needs attention: run_at while PENDING, the
+    /// backoff end while RETRYING, the ACK deadline while DISPATCHING, the
+    /// execution deadline while RUNNING; `None` otherwise. One indexed column
+    /// serves the promoter and both reapers.
+    pub next_at: Option<UnixMillis>,
+    /// Output bytes once SUCCEEDED.
+    pub output: Option<Vec<u8>>,
+    /// Media type of the output.
+    pub output_content_type: String,
+    /// Last error message.
+    pub error_message: String,
+    /// Bumped by every transition; the compare-and-set key.
+    pub version: i64,
+    /// W3C traceparent of the submitter.
+    pub traceparent: String,
+    /// Attempts, oldest first (may be left empty by list queries).
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AttemptOutcome {
+    /// Handler succeeded.
+    Succeeded,
+    /// Handler failed.
+    Failed,
+    /// Ran past the timeout.
+    TimedOut,
+    /// Task cancelled during the attempt.
+    Cancelled,
+    /// No ACK in time.
+    AckTimeout,
+    /// Worker refused the push.
+    Rejected,
+    /// Worker's stream closed or the server restarted.
+    WorkerLost,
+}
+
+impl AttemptOutcome {
+    /// Stable text form used in the store.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Succeeded => "SUCCEEDED",
+            AttemptOutcome::Failed => "FAILED",
+            AttemptOutcome::TimedOut => "TIMED_OUT",
+            AttemptOutcome::Cancelled => "CANCELLED",
+            AttemptOutcome::AckTimeout => "ACK_TIMEOUT",
+            AttemptOutcome::Rejected => "REJECTED",
+            AttemptOutcome::WorkerLost => "WORKER_LOST",
+        }
+    }
+
+    /// Parses [`AttemptOutcome::as_str`].
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "SUCCEEDED" => AttemptOutcome::Succeeded,
+            "FAILED" => AttemptOutcome::Failed,
+            "TIMED_OUT" => AttemptOutcome::TimedOut,
+            "CANCELLED" => AttemptOutcome::Cancelled,
+            "ACK_TIMEOUT" => AttemptOutcome::AckTimeout,
+            "REJECTED" => AttemptOutcome::Rejected,
+            "WORKER_LOST" => AttemptOutcome::WorkerLost,
+            _ => return None,
+        })
+    }
+}
+
+/// One try at running a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptRecord {
+    /// 1-based number among all pushes of the task.
+    pub number: u32,
+    /// Unique id of the attempt.
+    pub execution_id: String,
+    /// Worker it was pushed to.
+    pub worker_id: String,
+    /// When pushed.
+    pub started_at: UnixMillis,
+    /// When ended.
+    pub ended_at: Option<UnixMillis>,
+    /// How it ended; `None` while under way.
+    pub outcome: Option<AttemptOutcome>,
+    /// Reason or error message.
+    pub message: String,
+}

@@ -1,0 +1,139 @@
+//! Input rules shared by every front door, so gRPC and REST refuse the same
+//! requests with the same words.
+
+/// Longest handler name.
+pub const MAX_HANDLER_LEN: usize = 128;
+/// Longest label key or value, routing key, client request id or worker id.
+pub const MAX_NAME_LEN: usize = 256;
+/// Most labels on a task or worker.
+pub const MAX_LABELS: usize = 64;
+/// Longest callback URL.
+pub const MAX_URL_LEN: usize = 2048;
+
+/// Checks a handler name: 1-128 characters of `[A-Za-z0-9_.:-]`, starting
+/// with a letter or digit.
+pub fn handler_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("handler must not be empty".into());
+    }
+    if name.len() > MAX_HANDLER_LEN {
+        return Err(format!(
+            "handler is {} characters long; the limit is {MAX_HANDLER_LEN}",
+            name.len()
+        ));
+    }
+    let first_ok = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric());
+    let rest_ok = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'));
+    if !first_ok || !rest_ok {
+        return Err(format!(
+            "handler {name:?} is invalid: use letters, digits and _ . : - and start with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a free-form identifier such as a worker id or client request id.
+pub fn short_text(field: &str, value: &str) -> Result<(), String> {
+    if value.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "{field} is {} bytes long; the limit is {MAX_NAME_LEN}",
+            value.len()
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!("{field} must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// Checks a label map.
+pub fn labels<'a>(
+    field: &str,
+    labels: impl ExactSizeIterator<Item = (&'a String, &'a String)>,
+) -> Result<(), String> {
+    if labels.len() > MAX_LABELS {
+        return Err(format!(
+            "{field} has {} entries; the limit is {MAX_LABELS}",
+            labels.len()
+        ));
+    }
+    for (k, v) in labels {
+        if k.is_empty() {
+            return Err(format!("{field} has an empty key"));
+        }
+        short_text(&format!("{field} key"), k)?;
+        short_text(&format!("{field}[{k}]"), v)?;
+    }
+    Ok(())
+}
+
+/// Checks a callback URL: empty, or an absolute http(s) URL.
+pub fn callback_url(url: &str) -> Result<(), String> {
+    if url.is_empty() {
+        return Ok(());
+    }
+    if url.len() > MAX_URL_LEN {
+        return Err(format!("callback_url is longer than {MAX_URL_LEN} bytes"));
+    }
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    match rest {
+        Some(host)
+            if !host.is_empty() && !host.starts_with('/') && !url.contains(char::is_whitespace) =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "callback_url {url:?} must be an absolute http:// or https:// URL"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handler_names() {
+        for ok in ["echo", "email.send", "a", "A1:b-c_d", &"x".repeat(128)] {
+            assert_eq!(handler_name(ok), Ok(()), "{ok:?}");
+        }
+        for bad in ["", " echo", "-x", "a b", "é", "a/b", &"x".repeat(129)] {
+            assert!(handler_name(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn callback_urls() {
+        assert!(callback_url("").is_ok());
+        assert!(callback_url("http://127.0.0.1:9/cb").is_ok());
+        assert!(callback_url("https://example.com/x").is_ok());
+        for bad in [
+            "ftp://x",
+            "http://",
+            "http:///x",
+            "example.com",
+            "http://a b",
+        ] {
+            assert!(callback_url(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn label_limits() {
+        let mut m = std::collections::BTreeMap::new();
+        m.insert(String::new(), "v".to_string());
+        assert!(labels("labels", m.iter()).is_err());
+        m.clear();
+        m.insert("zone".to_string(), "eu\n".to_string());
+        assert!(labels("labels", m.iter()).is_err());
+        m.insert("zone".to_string(), "eu".to_string());
+        assert!(labels("labels", m.iter()).is_ok());
+    }
+}

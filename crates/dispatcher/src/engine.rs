@@ -1,0 +1,268 @@
+//! The dispatch engine: claims READY tasks for streams with free slots and
+//! pushes them; ends attempts (results, rejects, lost streams, reaped
+//! deadlines) and frees their slots.
+//!
+//! Architecture invariant: a task is pushed only after the store has moved it
+//! READY → DISPATCHING for that stream (the claim); every path that ends an
+//! attempt goes through the store first and frees the registry slot after.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use taskmesh::v1 as pb;
+use taskmesh_coord::Coordinator;
+use taskmesh_core::{Clock, Event, ReleaseReason, TaskRecord, TaskState, id};
+use taskmesh_scheduler::{Reaped, SchedulerHandle};
+use taskmesh_store::{Claim, Store};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::{
+    DispatcherOptions,
+    convert::{duration, timestamp},
+    registry::Registry,
+};
+
+/// Everything the services and the engine share.
+#[derive(Clone)]
+pub struct Shared {
+    /// Options.
+    pub opts: DispatcherOptions,
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// Coordination.
+    pub coord: Arc<dyn Coordinator>,
+    /// Time.
+    pub clock: Arc<dyn Clock>,
+    /// Live streams.
+    pub registry: Registry,
+    /// Wakes the engine: a task became READY or a slot was freed.
+    pub wake: Arc<Notify>,
+    /// Wakes the scheduler: a task with a near deadline was written.
+    pub scheduler: SchedulerHandle,
+}
+
+impl Shared {
+    /// Ends an attempt in the store and frees its slot. `Ok(task)` when the
+    /// store accepted the event.
+    pub async fn end_attempt(
+        &self,
+        task_id: &str,
+        execution_id: &str,
+        event: Event,
+    ) -> Result<TaskRecord, taskmesh_store::Error> {
+        let now = self.clock.now_millis();
+        let result = self.store.transition(task_id, &event, now).await;
+        // Free the slot whatever the store said: a refused event means the
+        // attempt had already ended by another path.
+        if self.registry.finish(execution_id).is_some() {
+            self.wake.notify_one();
+        }
+        if let Ok(task) = &result
+            && matches!(task.state, TaskState::Retrying)
+        {
+            self.scheduler.wake();
+        }
+        result
+    }
+
+    /// Sends a cancel for an attempt to the stream holding it, if any.
+    pub fn send_cancel(
+        &self,
+        tx: Option<crate::registry::StreamTx>,
+        task_id: &str,
+        execution_id: &str,
+        reason: &str,
+    ) {
+        if let Some(tx) = tx {
+            let msg = pb::ConnectResponse {
+                message: Some(pb::connect_response::Message::Cancel(pb::TaskCancel {
+                    task_id: task_id.to_string(),
+                    execution_id: execution_id.to_string(),
+                    reason: reason.to_string(),
+                })),
+            };
+            // A full or closed stream: the worker is gone or stuck, and its
+            // attempt has already ended in the store.
+            let _ = tx.try_send(Ok(msg));
+        }
+    }
+}
+
+/// Runs the claim-and-push loop until `shutdown`.
+pub async fn run(shared: Shared, mut reaped: mpsc::Receiver<Reaped>, shutdown: CancellationToken) {
+    let mut changes = shared.store.subscribe();
+    // A safety net: a wake-up lost to a lagging subscriber costs at most this.
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = shared.wake.notified() => {}
+            _ = tick.tick() => {}
+            change = changes.recv() => {
+                match change {
+                    Ok(c) if c.state != TaskState::Ready => continue,
+                    _ => {}
+                }
+            }
+            Some(r) = reaped.recv() => {
+                on_reaped(&shared, r);
+                continue;
+            }
+        }
+        if let Err(err) = dispatch_round(&shared).await {
+            warn!(error = %err, "dispatch round failed");
+        }
+    }
+}
+
+fn on_reaped(shared: &Shared, reaped: Reaped) {
+    match reaped {
+        Reaped::AckTimeout {
+            task_id,
+            execution_id,
+        } => {
+            let ended = shared.registry.finish(&execution_id);
+            // The worker may still start it late; tell it not to.
+            shared.send_cancel(ended.map(|e| e.tx), &task_id, &execution_id, "ack timeout");
+        }
+        Reaped::TimedOut {
+            task_id,
+            execution_id,
+        } => {
+            let ended = shared.registry.finish(&execution_id);
+            shared.send_cancel(
+                ended.map(|e| e.tx),
+                &task_id,
+                &execution_id,
+                "execution timeout",
+            );
+        }
+    }
+    shared.wake.notify_one();
+}
+
+/// Claims and pushes until no stream has a free slot or nothing is READY.
+async fn dispatch_round(shared: &Shared) -> Result<(), taskmesh_store::Error> {
+    loop {
+        let free = shared.registry.free_slots_by_handler();
+        if free.is_empty() {
+            return Ok(());
+        }
+        let mut pushed = 0usize;
+        for (handler, slots) in free {
+            let limit = (slots as usize).min(shared.opts.claim_batch);
+            let now = shared.clock.now_millis();
+            let ack_deadline = now + shared.opts.ack_timeout.as_millis() as i64;
+            let registry = shared.registry.clone();
+            let mut chosen: Vec<(String, String)> = Vec::new();
+            let mut chooser = |task: &TaskRecord| {
+                let execution_id = id::new_execution_id();
+                let (session_id, worker_id) = registry.reserve(task, &execution_id)?;
+                chosen.push((execution_id.clone(), session_id));
+                Some(Claim {
+                    execution_id,
+                    worker_id,
+                    ack_deadline,
+                })
+            };
+            let claimed = match shared
+                .store
+                .claim_ready(&handler, limit, now, &mut chooser)
+                .await
+            {
+                Ok(c) => c,
+                Err(err) => {
+                    // The claim rolled back: give every reserved slot back.
+                    for (exec, _) in &chosen {
+                        registry.finish(exec);
+                    }
+                    return Err(err);
+                }
+            };
+            // Reserved slots whose task was not written (cannot happen with a
+            // single writer, but never leak a slot).
+            for (exec, _) in &chosen {
+                if !claimed
+                    .iter()
+                    .any(|t| t.execution_id.as_deref() == Some(exec))
+                {
+                    registry.finish(exec);
+                }
+            }
+            for task in claimed {
+                pushed += 1;
+                push(shared, task).await;
+            }
+        }
+        if pushed == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Sends one claimed task to its stream; a push that cannot be sent is taken
+/// back at once so it goes elsewhere.
+async fn push(shared: &Shared, task: TaskRecord) {
+    let execution_id = task.execution_id.clone().unwrap_or_default();
+    let worker_id = task.worker_id.clone().unwrap_or_default();
+    let Some(tx) = shared.registry.sender_of(&execution_id) else {
+        release_unsent(
+            shared,
+            &task,
+            &execution_id,
+            "stream closed before the push",
+        )
+        .await;
+        return;
+    };
+    let deadline =
+        shared.clock.now_millis() + shared.opts.ack_timeout.as_millis() as i64 + task.timeout_ms;
+    let mut trace_context = std::collections::HashMap::new();
+    if !task.traceparent.is_empty() {
+        trace_context.insert("traceparent".to_string(), task.traceparent.clone());
+    }
+    let msg = pb::ConnectResponse {
+        message: Some(pb::connect_response::Message::Assign(pb::TaskAssignment {
+            task_id: task.id.clone(),
+            attempt: task.attempt,
+            execution_id: execution_id.clone(),
+            fencing_token: 0,
+            handler: task.handler.clone(),
+            payload: Some(pb::Payload {
+                data: task.payload.clone(),
+                content_type: task.content_type.clone(),
+            }),
+            deadline: Some(timestamp(deadline)),
+            trace_context,
+            labels: task
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            timeout: Some(duration(task.timeout_ms)),
+        })),
+    };
+    match tx.try_send(Ok(msg)) {
+        Ok(()) => {
+            debug!(task_id = %task.id, attempt = task.attempt, execution_id = %execution_id, worker_id = %worker_id, "task pushed");
+        }
+        Err(_) => {
+            release_unsent(shared, &task, &execution_id, "stream full or closed").await;
+        }
+    }
+}
+
+async fn release_unsent(shared: &Shared, task: &TaskRecord, execution_id: &str, why: &str) {
+    info!(task_id = %task.id, execution_id = %execution_id, reason = why, "push failed, task taken back");
+    let event = Event::Release {
+        execution_id: execution_id.to_string(),
+        reason: ReleaseReason::WorkerLost,
+        message: why.to_string(),
+    };
+    if let Err(err) = shared.end_attempt(&task.id, execution_id, event).await {
+        warn!(task_id = %task.id, error = %err, "could not take back an unsent push");
+    }
+}

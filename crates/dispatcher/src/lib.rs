@@ -1,0 +1,186 @@
+//! The gRPC front of taskmesh: the `TaskApi` and `Dispatcher` services, the
+//! registry of live worker streams, the balancer, and the engine that claims
+//! due tasks and pushes them.
+//!
+//! Architecture invariant: this crate speaks gRPC only; it never parses HTTP
+//! or JSON (that is the gateway's job) and never writes SQL (the store's).
+
+mod balancer;
+pub mod convert;
+mod engine;
+mod error;
+pub mod layers;
+mod registry;
+mod stream;
+mod task_api;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use taskmesh::v1::{dispatcher_server::DispatcherServer, task_api_server::TaskApiServer};
+use taskmesh_coord::Coordinator;
+use taskmesh_core::{Clock, Event, ReleaseReason};
+use taskmesh_scheduler::{Reaped, SchedulerHandle};
+use taskmesh_store::Store;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+pub use engine::Shared;
+pub use error::{Error, grpc_code};
+pub use registry::Registry;
+pub use stream::DispatcherService;
+pub use task_api::TaskApiService;
+
+/// How the dispatcher and its gRPC server behave.
+#[derive(Debug, Clone)]
+pub struct DispatcherOptions {
+    /// A push not ACKed within this is taken back and sent elsewhere.
+    pub ack_timeout: Duration,
+    /// How often workers must send a heartbeat; three missed ones lose the stream.
+    pub heartbeat_interval: Duration,
+    /// Largest task payload accepted at submit.
+    pub max_payload_bytes: usize,
+    /// Largest gRPC message decoded.
+    pub max_message_bytes: usize,
+    /// Unary requests running longer are cancelled with DEADLINE_EXCEEDED.
+    pub request_timeout: Duration,
+    /// Requests in flight above this are refused with RESOURCE_EXHAUSTED.
+    pub max_concurrent_requests: usize,
+    /// Most tasks claimed per store transaction.
+    pub claim_batch: usize,
+}
+
+impl Default for DispatcherOptions {
+    fn default() -> Self {
+        Self {
+            ack_timeout: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(5),
+            max_payload_bytes: 1024 * 1024,
+            max_message_bytes: 4 * 1024 * 1024,
+            request_timeout: Duration::from_secs(30),
+            max_concurrent_requests: 1024,
+            claim_batch: 256,
+        }
+    }
+}
+
+/// The dispatcher: services plus the engine, ready to serve.
+pub struct Dispatcher {
+    shared: Shared,
+    reaped: mpsc::Receiver<Reaped>,
+}
+
+impl Dispatcher {
+    /// Builds a dispatcher. `reaped` carries attempts the scheduler ended.
+    pub fn build(
+        opts: DispatcherOptions,
+        store: Arc<dyn Store>,
+        coord: Arc<dyn Coordinator>,
+        clock: Arc<dyn Clock>,
+        scheduler: SchedulerHandle,
+        reaped: mpsc::Receiver<Reaped>,
+    ) -> Self {
+        Self {
+            shared: Shared {
+                opts,
+                store,
+                coord,
+                clock,
+                registry: Registry::default(),
+                wake: Arc::new(Notify::new()),
+                scheduler,
+            },
+            reaped,
+        }
+    }
+
+    /// Takes back every attempt left in flight by an earlier run of this
+    /// node: no stream survives a restart, so their workers are lost to us.
+    pub async fn recover(&self) -> Result<usize, Error> {
+        let store = &self.shared.store;
+        let orphans = store.in_flight(None).await?;
+        let events: Vec<(String, Event)> = orphans
+            .into_iter()
+            .filter_map(|t| {
+                Some((
+                    t.id,
+                    Event::Release {
+                        execution_id: t.execution_id?,
+                        reason: ReleaseReason::WorkerLost,
+                        message: "server restarted during the attempt".into(),
+                    },
+                ))
+            })
+            .collect();
+        let now = self.shared.clock.now_millis();
+        let results = store.transition_many(&events, now).await?;
+        let recovered = results.iter().filter(|r| r.is_ok()).count();
+        if recovered > 0 {
+            info!(
+                recovered,
+                "in-flight tasks from before the restart taken back"
+            );
+        }
+        Ok(recovered)
+    }
+
+    /// The shared state (for in-process callers such as the REST gateway).
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Serves gRPC on `listener` until `shutdown`, running the engine
+    /// alongside.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), tonic::transport::Error> {
+        let Dispatcher { shared, reaped } = self;
+        let opts = shared.opts.clone();
+        let engine = tokio::spawn(engine::run(shared.clone(), reaped, shutdown.clone()));
+
+        let max = opts.max_message_bytes;
+        let task_api = TaskApiServer::new(TaskApiService::new(shared.clone()))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        let dispatcher = DispatcherServer::new(DispatcherService::new(shared.clone()))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+
+        let addr: Option<SocketAddr> = listener.local_addr().ok();
+        info!(grpc_addr = ?addr, "grpc server listening");
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let drain = shared.clone();
+        let result = tonic::transport::Server::builder()
+            // Outermost: a span per request, so everything below logs inside it.
+            .trace_fn(|req| tracing::info_span!("grpc", path = %req.uri().path()))
+            // Then the deadline: a unary call that takes longer is cut off
+            // (streams are unaffected once their response has started).
+            .timeout(opts.request_timeout)
+            // Then shedding: refuse at once past the limit rather than queue.
+            .layer(layers::ShedLayer::new(opts.max_concurrent_requests))
+            .add_service(task_api)
+            .add_service(dispatcher)
+            .serve_with_incoming_shutdown(incoming, async move {
+                shutdown.cancelled().await;
+                for tx in drain.registry.senders() {
+                    let _ = tx.try_send(Ok(taskmesh::v1::ConnectResponse {
+                        message: Some(taskmesh::v1::connect_response::Message::Drain(
+                            taskmesh::v1::WorkerDrain {
+                                reason: "server shutting down".into(),
+                            },
+                        )),
+                    }));
+                }
+            })
+            .await;
+        if let Err(err) = engine.await {
+            warn!(error = %err, "dispatch engine ended abnormally");
+        }
+        result
+    }
+}

@@ -1,0 +1,361 @@
+//! `Dispatcher.Connect`: one bidirectional stream per worker. The first
+//! message registers; then heartbeats, ACKs, rejects and results flow in, and
+//! assignments, cancels and receipts flow out.
+//!
+//! A stream that closes, or stays silent for three heartbeat intervals, is
+//! a lost worker: its unfinished attempts are taken back at once.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+
+use futures::Stream;
+use taskmesh::v1::{self as pb, connect_request::Message as In, connect_response::Message as Out};
+use taskmesh_core::{Event, ReleaseReason, id, validate};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::{
+    convert::duration,
+    engine::Shared,
+    registry::{Session, StreamTx},
+};
+
+/// The `Dispatcher` service.
+#[derive(Clone)]
+pub struct DispatcherService {
+    shared: Shared,
+}
+
+impl DispatcherService {
+    /// Builds the service over the shared state.
+    pub fn new(shared: Shared) -> Self {
+        Self { shared }
+    }
+}
+
+type OutStream = Pin<Box<dyn Stream<Item = Result<pb::ConnectResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::dispatcher_server::Dispatcher for DispatcherService {
+    type ConnectStream = OutStream;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::ConnectRequest>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first =
+            tokio::time::timeout(self.shared.opts.heartbeat_interval * 3, inbound.message())
+                .await
+                .map_err(|_| Status::deadline_exceeded("no register message arrived in time"))??
+                .ok_or_else(|| Status::invalid_argument("stream closed before register"))?;
+        let Some(In::Register(reg)) = first.message else {
+            return Err(Status::invalid_argument(
+                "the first message on a Dispatcher stream must be register",
+            ));
+        };
+        validate_registration(&reg)?;
+
+        let session_id = id::new_session_id();
+        let capacity = reg.capacity;
+        let (tx, rx) = mpsc::channel(capacity as usize * 2 + 64);
+        let now = self.shared.clock.now_millis();
+        self.shared.registry.insert(Session {
+            session_id: session_id.clone(),
+            worker_id: reg.worker_id.clone(),
+            name: reg.name.clone(),
+            handlers: reg.handlers.iter().cloned().collect::<HashSet<_>>(),
+            capacity,
+            labels: reg.labels.clone().into_iter().collect(),
+            weight: reg.weight.max(1),
+            tx: tx.clone(),
+            in_flight: HashSet::new(),
+            busy: false,
+            draining: false,
+            cpu_idle_percent: 100.0,
+            avg_cost_ms: 0.0,
+            last_seen: now,
+        });
+        let registered = pb::ConnectResponse {
+            message: Some(Out::Registered(pb::WorkerRegistered {
+                session_id: session_id.clone(),
+                heartbeat_interval: Some(duration(
+                    self.shared.opts.heartbeat_interval.as_millis() as i64
+                )),
+                ack_timeout: Some(duration(self.shared.opts.ack_timeout.as_millis() as i64)),
+            })),
+        };
+        // The channel is empty and sized above 1: this cannot fail.
+        let _ = tx.try_send(Ok(registered));
+        info!(worker_id = %reg.worker_id, session_id = %session_id, handlers = ?reg.handlers, capacity, "worker registered");
+        self.shared.wake.notify_one();
+
+        let shared = self.shared.clone();
+        let span =
+            info_span!("worker_stream", worker_id = %reg.worker_id, session_id = %session_id);
+        tokio::spawn(
+            async move {
+                let reason = read_loop(&shared, &session_id, &tx, inbound).await;
+                lose_session(&shared, &session_id, &reason).await;
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+fn validate_registration(reg: &pb::WorkerRegistration) -> Result<(), Status> {
+    let bad = |m: String| Err(Status::invalid_argument(m));
+    if reg.worker_id.is_empty() {
+        return bad("register.worker_id must not be empty".into());
+    }
+    validate::short_text("register.worker_id", &reg.worker_id).or_else(bad)?;
+    validate::short_text("register.name", &reg.name).or_else(bad)?;
+    if reg.handlers.is_empty() {
+        return bad("register.handlers must name at least one handler".into());
+    }
+    for h in &reg.handlers {
+        validate::handler_name(h)
+            .map_err(|m| Status::invalid_argument(format!("register.handlers: {m}")))?;
+    }
+    if reg.capacity == 0 || reg.capacity > 10_000 {
+        return bad(format!(
+            "register.capacity must be 1..=10000, got {}",
+            reg.capacity
+        ));
+    }
+    validate::labels("register.labels", reg.labels.iter()).or_else(bad)?;
+    Ok(())
+}
+
+/// Reads the worker's messages until the stream ends; returns why it ended.
+async fn read_loop(
+    shared: &Shared,
+    session_id: &str,
+    tx: &StreamTx,
+    mut inbound: Streaming<pb::ConnectRequest>,
+) -> String {
+    let silence = shared.opts.heartbeat_interval * 3;
+    loop {
+        let msg = match tokio::time::timeout(silence, inbound.message()).await {
+            Err(_) => {
+                return format!(
+                    "no message for {} ms (missed heartbeats)",
+                    silence.as_millis()
+                );
+            }
+            Ok(Err(status)) => return format!("stream error: {}", status.message()),
+            Ok(Ok(None)) => return "stream closed by the worker".into(),
+            Ok(Ok(Some(m))) => m,
+        };
+        let now = shared.clock.now_millis();
+        shared
+            .registry
+            .with_session(session_id, |s| s.last_seen = now);
+        match msg.message {
+            Some(In::Heartbeat(hb)) => {
+                shared.registry.with_session(session_id, |s| {
+                    s.cpu_idle_percent = hb.cpu_idle_percent.clamp(0.0, 100.0);
+                    s.avg_cost_ms = hb.avg_cost_ms.max(0.0);
+                    if s.busy && hb.active < s.capacity {
+                        s.busy = false;
+                    }
+                });
+                shared.wake.notify_one();
+            }
+            Some(In::Ack(ack)) => on_ack(shared, session_id, tx, ack).await,
+            Some(In::Reject(rej)) => on_reject(shared, session_id, rej).await,
+            Some(In::Complete(done)) => on_complete(shared, session_id, tx, done).await,
+            Some(In::Draining(d)) => {
+                info!(reason = %d.reason, "worker draining");
+                shared
+                    .registry
+                    .with_session(session_id, |s| s.draining = true);
+            }
+            Some(In::Register(_)) => {
+                warn!("second register on one stream ignored");
+            }
+            None => debug!("empty message ignored"),
+        }
+    }
+}
+
+fn receipt(tx: &StreamTx, task_id: &str, execution_id: &str, result: Result<(), String>) {
+    let (accepted, message) = match result {
+        Ok(()) => (true, String::new()),
+        Err(m) => (false, m),
+    };
+    let _ = tx.try_send(Ok(pb::ConnectResponse {
+        message: Some(Out::Recorded(pb::ResultRecorded {
+            task_id: task_id.to_string(),
+            execution_id: execution_id.to_string(),
+            accepted,
+            message,
+        })),
+    }));
+}
+
+async fn on_ack(shared: &Shared, session_id: &str, tx: &StreamTx, ack: pb::TaskAck) {
+    if !shared.registry.holds(session_id, &ack.execution_id) {
+        receipt(
+            tx,
+            &ack.task_id,
+            &ack.execution_id,
+            Err("this stream does not hold that attempt".into()),
+        );
+        shared.send_cancel(
+            Some(tx.clone()),
+            &ack.task_id,
+            &ack.execution_id,
+            "attempt no longer assigned to this worker",
+        );
+        return;
+    }
+    let now = shared.clock.now_millis();
+    let event = Event::Ack {
+        execution_id: ack.execution_id.clone(),
+    };
+    match shared.store.transition(&ack.task_id, &event, now).await {
+        Ok(task) => {
+            debug!(task_id = %ack.task_id, attempt = task.attempt, execution_id = %ack.execution_id, "task running");
+            shared.scheduler.wake();
+            receipt(tx, &ack.task_id, &ack.execution_id, Ok(()));
+        }
+        Err(err) => {
+            info!(task_id = %ack.task_id, execution_id = %ack.execution_id, error = %err, "ack refused");
+            receipt(tx, &ack.task_id, &ack.execution_id, Err(err.to_string()));
+            shared.send_cancel(
+                Some(tx.clone()),
+                &ack.task_id,
+                &ack.execution_id,
+                "ack refused",
+            );
+        }
+    }
+}
+
+async fn on_reject(shared: &Shared, session_id: &str, rej: pb::TaskReject) {
+    if !shared.registry.holds(session_id, &rej.execution_id) {
+        return;
+    }
+    let busy = rej.reason == pb::RejectReason::Busy as i32;
+    info!(task_id = %rej.task_id, execution_id = %rej.execution_id, busy, message = %rej.message, "push rejected");
+    let event = Event::Release {
+        execution_id: rej.execution_id.clone(),
+        reason: ReleaseReason::Rejected,
+        message: format!("rejected: {}", rej.message),
+    };
+    let released = shared
+        .end_attempt(&rej.task_id, &rej.execution_id, event)
+        .await;
+    let unknown = rej.reason == pb::RejectReason::UnknownHandler as i32;
+    shared.registry.with_session(session_id, |s| {
+        if busy {
+            s.busy = true;
+        }
+        // The worker said it does not serve this handler after all: stop
+        // offering it, so the task goes to a worker that does.
+        if let (true, Ok(task)) = (unknown, &released) {
+            s.handlers.remove(&task.handler);
+        }
+    });
+}
+
+async fn on_complete(shared: &Shared, session_id: &str, tx: &StreamTx, done: pb::TaskComplete) {
+    if !shared.registry.holds(session_id, &done.execution_id) {
+        receipt(
+            tx,
+            &done.task_id,
+            &done.execution_id,
+            Err("stale attempt: this stream does not hold it".into()),
+        );
+        return;
+    }
+    let event = match done.result {
+        Some(pb::task_complete::Result::Success(s)) => {
+            let out = s.output.unwrap_or_default();
+            Event::Succeed {
+                execution_id: done.execution_id.clone(),
+                output: out.data,
+                content_type: out.content_type,
+            }
+        }
+        Some(pb::task_complete::Result::Failure(f)) => Event::Fail {
+            execution_id: done.execution_id.clone(),
+            message: f.message,
+            retryable: f.retryable,
+            jitter: rand::random::<f64>(),
+        },
+        None => Event::Fail {
+            execution_id: done.execution_id.clone(),
+            message: "worker reported a result with neither success nor failure".into(),
+            retryable: true,
+            jitter: rand::random::<f64>(),
+        },
+    };
+    match shared
+        .end_attempt(&done.task_id, &done.execution_id, event)
+        .await
+    {
+        Ok(task) => {
+            info!(task_id = %task.id, attempt = task.attempt, execution_id = %done.execution_id, state = %task.state, "result recorded");
+            receipt(tx, &done.task_id, &done.execution_id, Ok(()));
+        }
+        Err(err) => {
+            info!(task_id = %done.task_id, execution_id = %done.execution_id, error = %err, "result refused");
+            receipt(tx, &done.task_id, &done.execution_id, Err(err.to_string()));
+        }
+    }
+}
+
+/// Takes back every attempt of a lost stream.
+async fn lose_session(shared: &Shared, session_id: &str, reason: &str) {
+    let execs = shared.registry.remove(session_id);
+    info!(reason, in_flight = execs.len(), "worker stream lost");
+    if execs.is_empty() {
+        return;
+    }
+    let in_flight = match shared.store.in_flight(None).await {
+        Ok(tasks) => tasks,
+        Err(err) => {
+            // The ACK and execution reapers will take them back later.
+            warn!(error = %err, "could not read in-flight tasks of a lost stream");
+            return;
+        }
+    };
+    let now = shared.clock.now_millis();
+    let events: Vec<(String, Event)> = in_flight
+        .into_iter()
+        .filter_map(|t| {
+            let exec = t.execution_id?;
+            execs.contains(&exec).then(|| {
+                (
+                    t.id,
+                    Event::Release {
+                        execution_id: exec,
+                        reason: ReleaseReason::WorkerLost,
+                        message: reason.to_string(),
+                    },
+                )
+            })
+        })
+        .collect();
+    match shared.store.transition_many(&events, now).await {
+        Ok(results) => {
+            for ((task_id, _), r) in events.iter().zip(results) {
+                match r {
+                    Ok(t) => {
+                        info!(task_id = %task_id, state = %t.state, "task taken back from a lost worker")
+                    }
+                    Err(err) => {
+                        debug!(task_id = %task_id, error = %err, "lost attempt already ended")
+                    }
+                }
+            }
+        }
+        Err(err) => warn!(error = %err, "could not take back tasks of a lost stream"),
+    }
+    shared.wake.notify_one();
+}

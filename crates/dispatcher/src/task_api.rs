@@ -1,0 +1,395 @@
+//! `TaskApi`: what callers use to submit, inspect, cancel and watch tasks.
+//! Every request is validated here before anything is written.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+
+use futures::Stream;
+use taskmesh::v1 as pb;
+use taskmesh_core::{Event, NewTask, RetryPolicy, TaskState, UnixMillis, id, task, validate};
+use taskmesh_store::TaskFilter;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use crate::{
+    Error,
+    convert::{duration_millis, millis_of, state_from_pb, task_to_pb},
+    engine::Shared,
+};
+
+/// The `TaskApi` service.
+#[derive(Clone)]
+pub struct TaskApiService {
+    shared: Shared,
+}
+
+impl TaskApiService {
+    /// Builds the service over the shared state.
+    pub fn new(shared: Shared) -> Self {
+        Self { shared }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}
+
+fn task_id_of(text: &str) -> Result<String, Error> {
+    if text.is_empty() {
+        return Err(invalid("task_id must not be empty"));
+    }
+    id::parse_task_id(text)
+        .ok_or_else(|| invalid(format!("task_id {text:?} is not a valid task id (a UUID)")))
+}
+
+/// Turns a submit request into a validated [`NewTask`], with the `run_at`
+/// the caller asked for (for the idempotency fingerprint).
+fn new_task(
+    shared: &Shared,
+    req: pb::SubmitTaskRequest,
+    traceparent: String,
+    now: UnixMillis,
+) -> Result<(NewTask, Option<UnixMillis>), Error> {
+    validate::handler_name(&req.handler).map_err(invalid)?;
+    let payload = req.payload.unwrap_or_default();
+    if payload.data.len() > shared.opts.max_payload_bytes {
+        return Err(invalid(format!(
+            "payload is {} bytes; the limit is {} bytes",
+            payload.data.len(),
+            shared.opts.max_payload_bytes
+        )));
+    }
+    validate::short_text("payload.content_type", &payload.content_type).map_err(invalid)?;
+    validate::labels("labels", req.labels.iter()).map_err(invalid)?;
+    validate::short_text("routing_key", &req.routing_key).map_err(invalid)?;
+    validate::short_text("client_request_id", &req.client_request_id).map_err(invalid)?;
+    validate::callback_url(&req.callback_url).map_err(invalid)?;
+
+    let retry = retry_policy(req.retry_policy)?;
+    let timeout_ms = match &req.timeout {
+        None => task::DEFAULT_TIMEOUT_MS,
+        Some(d) => match duration_millis(d) {
+            Some(ms) if (1..=7 * 24 * 3_600_000).contains(&ms) => ms,
+            _ => return Err(invalid("timeout must be between 1 ms and 7 days")),
+        },
+    };
+    let requested_run_at = match (&req.run_at, &req.delay) {
+        (Some(_), Some(_)) => return Err(invalid("give run_at or delay, not both")),
+        (Some(ts), None) => Some(millis_of(ts).ok_or_else(|| invalid("run_at is out of range"))?),
+        (None, Some(d)) => {
+            let ms = duration_millis(d).ok_or_else(|| invalid("delay must not be negative"))?;
+            Some(now.saturating_add(ms))
+        }
+        (None, None) => None,
+    };
+    // A relative delay is resolved on each submit; fingerprint the delay
+    // itself, not the instant, so an honest retry of the same request matches.
+    let fingerprint_run_at = match (&req.run_at, &req.delay) {
+        (None, Some(d)) => duration_millis(d).map(|ms| -ms - 1),
+        _ => requested_run_at,
+    };
+    Ok((
+        NewTask {
+            id: id::new_task_id(),
+            handler: req.handler,
+            payload: payload.data,
+            content_type: payload.content_type,
+            priority: req.priority,
+            labels: req.labels.into_iter().collect::<BTreeMap<_, _>>(),
+            routing_key: req.routing_key,
+            client_request_id: (!req.client_request_id.is_empty()).then_some(req.client_request_id),
+            callback_url: req.callback_url,
+            retry,
+            timeout_ms,
+            run_at: requested_run_at.unwrap_or(now),
+            traceparent,
+        },
+        fingerprint_run_at,
+    ))
+}
+
+fn retry_policy(p: Option<pb::RetryPolicy>) -> Result<RetryPolicy, Error> {
+    let mut out = RetryPolicy::default();
+    let Some(p) = p else { return Ok(out) };
+    if p.max_attempts > 100 {
+        return Err(invalid("retry_policy.max_attempts must be at most 100"));
+    }
+    if p.max_attempts > 0 {
+        out.max_attempts = p.max_attempts;
+    }
+    if let Some(d) = &p.initial_backoff {
+        out.initial_backoff_ms = duration_millis(d)
+            .ok_or_else(|| invalid("retry_policy.initial_backoff must not be negative"))?;
+    }
+    if p.multiplier != 0.0 {
+        if !p.multiplier.is_finite() || !(1.0..=100.0).contains(&p.multiplier) {
+            return Err(invalid("retry_policy.multiplier must be between 1 and 100"));
+        }
+        out.multiplier = p.multiplier;
+    }
+    if let Some(d) = &p.max_backoff {
+        out.max_backoff_ms = duration_millis(d)
+            .ok_or_else(|| invalid("retry_policy.max_backoff must not be negative"))?;
+    }
+    if out.max_backoff_ms < out.initial_backoff_ms {
+        return Err(invalid(
+            "retry_policy.max_backoff must not be below initial_backoff",
+        ));
+    }
+    Ok(out)
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchTaskResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::task_api_server::TaskApi for TaskApiService {
+    async fn submit_task(
+        &self,
+        request: Request<pb::SubmitTaskRequest>,
+    ) -> Result<Response<pb::SubmitTaskResponse>, Status> {
+        let traceparent = request
+            .metadata()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| v.len() <= 128)
+            .unwrap_or_default()
+            .to_string();
+        let now = self.shared.clock.now_millis();
+        let (task, fp_run_at) = new_task(&self.shared, request.into_inner(), traceparent, now)?;
+        let fingerprint = task.request_fingerprint(fp_run_at);
+        let created = self
+            .shared
+            .store
+            .create_task(task, &fingerprint, now)
+            .await
+            .map_err(Error::from)?;
+        let t = &created.task;
+        if !created.existing {
+            info!(task_id = %t.id, handler = %t.handler, state = %t.state, "task submitted");
+            match t.state {
+                TaskState::Ready => self.shared.wake.notify_one(),
+                _ => self.shared.scheduler.wake(),
+            }
+        }
+        Ok(Response::new(pb::SubmitTaskResponse {
+            task_id: t.id.clone(),
+            task: Some(task_to_pb(t)),
+            existing: created.existing,
+        }))
+    }
+
+    async fn get_task(
+        &self,
+        request: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::GetTaskResponse>, Status> {
+        let id = task_id_of(&request.get_ref().task_id)?;
+        let task = self
+            .shared
+            .store
+            .get_task(&id)
+            .await
+            .map_err(Error::from)?
+            .ok_or_else(|| Error::NotFound(format!("task {id} not found")))?;
+        Ok(Response::new(pb::GetTaskResponse {
+            task: Some(task_to_pb(&task)),
+        }))
+    }
+
+    async fn list_tasks(
+        &self,
+        request: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let req = request.into_inner();
+        let state = pb::TaskState::try_from(req.state)
+            .map_err(|_| invalid(format!("state {} is not a known TaskState", req.state)))?;
+        if !req.handler.is_empty() {
+            validate::handler_name(&req.handler).map_err(invalid)?;
+        }
+        if req.page_size > 1_000 {
+            return Err(invalid("page_size must be at most 1000").into());
+        }
+        let before_id = if req.page_token.is_empty() {
+            None
+        } else {
+            Some(
+                id::parse_task_id(&req.page_token)
+                    .ok_or_else(|| invalid("page_token is not valid"))?,
+            )
+        };
+        let page = self
+            .shared
+            .store
+            .list_tasks(&TaskFilter {
+                state: state_from_pb(state),
+                handler: (!req.handler.is_empty()).then_some(req.handler),
+                limit: if req.page_size == 0 {
+                    100
+                } else {
+                    req.page_size
+                },
+                before_id,
+            })
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::ListTasksResponse {
+            tasks: page.tasks.iter().map(task_to_pb).collect(),
+            next_page_token: page.next_before_id.unwrap_or_default(),
+        }))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: Request<pb::CancelTaskRequest>,
+    ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        let req = request.into_inner();
+        let id = task_id_of(&req.task_id)?;
+        validate::short_text("reason", &req.reason).map_err(invalid)?;
+        let store = &self.shared.store;
+        let before = store
+            .get_task(&id)
+            .await
+            .map_err(Error::from)?
+            .ok_or_else(|| Error::NotFound(format!("task {id} not found")))?;
+        if before.state.is_terminal() {
+            return Ok(Response::new(pb::CancelTaskResponse {
+                task: Some(task_to_pb(&before)),
+            }));
+        }
+        let reason = if req.reason.is_empty() {
+            "cancelled by a caller".to_string()
+        } else {
+            req.reason
+        };
+        let event = Event::Cancel {
+            reason: reason.clone(),
+        };
+        let now = self.shared.clock.now_millis();
+        let task = match store.transition(&id, &event, now).await {
+            Ok(task) => task,
+            // It ended between our read and our write: report how it ended.
+            Err(taskmesh_store::Error::Transition(_)) => store
+                .get_task(&id)
+                .await
+                .map_err(Error::from)?
+                .ok_or_else(|| Error::NotFound(format!("task {id} not found")))?,
+            Err(err) => return Err(Error::from(err).into()),
+        };
+        if let Some(exec) = before.execution_id.as_deref()
+            && task.state == TaskState::Cancelled
+        {
+            let ended = self.shared.registry.finish(exec);
+            self.shared
+                .send_cancel(ended.map(|e| e.tx), &id, exec, &reason);
+            self.shared.wake.notify_one();
+        }
+        info!(task_id = %id, state = %task.state, "task cancel requested");
+        let task = store
+            .get_task(&id)
+            .await
+            .map_err(Error::from)?
+            .unwrap_or(task);
+        Ok(Response::new(pb::CancelTaskResponse {
+            task: Some(task_to_pb(&task)),
+        }))
+    }
+
+    async fn ack_task(
+        &self,
+        request: Request<pb::AckTaskRequest>,
+    ) -> Result<Response<pb::AckTaskResponse>, Status> {
+        let req = request.into_inner();
+        let id = task_id_of(&req.task_id)?;
+        if req.execution_id.is_empty() {
+            return Err(invalid("execution_id must not be empty").into());
+        }
+        validate::short_text("execution_id", &req.execution_id).map_err(invalid)?;
+        let now = self.shared.clock.now_millis();
+        let event = Event::Ack {
+            execution_id: req.execution_id,
+        };
+        let task = self
+            .shared
+            .store
+            .transition(&id, &event, now)
+            .await
+            .map_err(Error::from)?;
+        self.shared.scheduler.wake();
+        Ok(Response::new(pb::AckTaskResponse {
+            task: Some(task_to_pb(&task)),
+        }))
+    }
+
+    type WatchTaskStream = WatchStream;
+
+    async fn watch_task(
+        &self,
+        request: Request<pb::WatchTaskRequest>,
+    ) -> Result<Response<Self::WatchTaskStream>, Status> {
+        let id = task_id_of(&request.get_ref().task_id)?;
+        // Subscribe before the first read, so no change falls between them.
+        let mut changes = self.shared.store.subscribe();
+        let store = self.shared.store.clone();
+        let first = store
+            .get_task(&id)
+            .await
+            .map_err(Error::from)?
+            .ok_or_else(|| Error::NotFound(format!("task {id} not found")))?;
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut version = first.version;
+            let mut done = first.state.is_terminal();
+            let send = |t| pb::WatchTaskResponse {
+                task: Some(task_to_pb(&t)),
+            };
+            if tx.send(Ok(send(first))).await.is_err() {
+                return;
+            }
+            while !done {
+                let must_read = tokio::select! {
+                    _ = tx.closed() => return,
+                    change = changes.recv() => match change {
+                        Ok(c) => c.task_id == id && c.version > version,
+                        Err(broadcast::error::RecvError::Lagged(_)) => true,
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                };
+                if !must_read {
+                    continue;
+                }
+                match store.get_task(&id).await {
+                    Ok(Some(t)) if t.version > version => {
+                        version = t.version;
+                        done = t.state.is_terminal();
+                        if tx.send(Ok(send(t))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        warn!(task_id = %id, error = %err, "watch read failed");
+                        let _ = tx.send(Err(Status::from(Error::from(err)))).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn list_workers(
+        &self,
+        request: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        let handler = request.into_inner().handler;
+        if !handler.is_empty() {
+            validate::handler_name(&handler).map_err(invalid)?;
+        }
+        let mut workers = self.shared.registry.snapshot(self.shared.coord.node_id());
+        if !handler.is_empty() {
+            workers.retain(|w| w.handlers.contains(&handler));
+        }
+        Ok(Response::new(pb::ListWorkersResponse { workers }))
+    }
+}

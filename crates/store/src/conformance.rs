@@ -1,0 +1,186 @@
+//! The behaviour every [`Store`] backend must have, as reusable scenarios.
+//!
+//! Each `pub async fn` here is one scenario run against a fresh, empty
+//! store obtained from a [`StoreFixture`];
+//! [`store_conformance_suite!`](crate::store_conformance_suite) expands to
+//! one `#[tokio::test]` per scenario. The SQLite backend runs it in
+//! `tests/sqlite_conformance.rs`; the Postgres backend will run the very same
+//! scenarios by providing its own fixture.
+//!
+//! This module is compiled always rather than behind a cargo feature: it
+//! adds no dependency (only tokio and core, which the crate uses anyway),
+//! costs little to compile, and a backend living in another crate can use it
+//! without feature juggling (a crate cannot reliably enable a feature of
+//! itself for its own tests). Scenarios panic on failure, as tests do; they
+//! are never called by production code.
+//!
+//! Scenarios never sleep to synchronise: stores publish changes before their
+//! write call returns or within a bounded wait, and concurrency is checked by
+//! outcome (no task claimed twice), not by timing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use taskmesh_core::id::new_task_id;
+use taskmesh_core::{Event, NewTask, RetryPolicy, TaskRecord, UnixMillis, apply};
+
+use crate::{Store, TaskFilter};
+
+/// Opens the store a scenario runs against.
+#[async_trait]
+pub trait StoreFixture: Send + Sync {
+    /// Opens the fixture's store. The first call gets an empty store; a later
+    /// call, after the previous handle was dropped, opens the same data again
+    /// (as a restarted process would).
+    async fn open(&self) -> Arc<dyn Store>;
+}
+
+/// Expands to one `#[tokio::test]` per conformance scenario. The argument is
+/// an expression evaluating to a future of a fresh
+/// [`StoreFixture`](crate::conformance::StoreFixture), evaluated once per
+/// test. The calling crate needs `tokio` (with `macros` and `rt-multi-thread`)
+/// as a dev-dependency.
+///
+/// ```text
+/// taskmesh_store::store_conformance_suite!(my_fixture());
+/// ```
+#[macro_export]
+macro_rules! store_conformance_suite {
+    ($fixture:expr) => {
+        $crate::store_conformance_suite!(@each $fixture;
+            create_get_round_trip,
+            idempotent_create,
+            concurrent_idempotent_creates,
+            list_filters_and_paging,
+            full_life_records_attempts,
+            stale_execution_refused,
+            missing_task_not_found,
+            terminal_stays_terminal,
+            claim_order_limit_and_chooser,
+            concurrent_claimers_never_double_claim,
+            due_tasks_after_run_at,
+            in_flight_by_worker,
+            ready_counts_by_handler,
+            transition_many_mixed,
+            subscribe_sees_changes,
+            survives_reopen,
+        );
+    };
+    (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                let fixture = $fixture.await;
+                $crate::conformance::$scenario(&fixture).await;
+            }
+        )+
+    };
+}
+
+/// The fixed "now" of the scenarios.
+pub const T0: UnixMillis = 1_700_000_000_000;
+
+/// A READY-at-`T0` task of `handler` with plain defaults.
+pub fn new_task(handler: &str) -> NewTask {
+    NewTask {
+        id: new_task_id(),
+        handler: handler.to_string(),
+        payload: b"{}".to_vec(),
+        content_type: "application/json".into(),
+        priority: 0,
+        labels: BTreeMap::new(),
+        routing_key: String::new(),
+        client_request_id: None,
+        callback_url: String::new(),
+        retry: RetryPolicy::default(),
+        timeout_ms: 60_000,
+        run_at: T0,
+        traceparent: String::new(),
+    }
+}
+
+fn dispatch(execution_id: &str, worker_id: &str, ack_deadline: UnixMillis) -> Event {
+    Event::Dispatch {
+        execution_id: execution_id.into(),
+        worker_id: worker_id.into(),
+        ack_deadline,
+    }
+}
+
+fn ack(execution_id: &str) -> Event {
+    Event::Ack {
+        execution_id: execution_id.into(),
+    }
+}
+
+fn succeed(execution_id: &str, output: &[u8]) -> Event {
+    Event::Succeed {
+        execution_id: execution_id.into(),
+        output: output.to_vec(),
+        content_type: "text/plain".into(),
+    }
+}
+
+async fn create(store: &dyn Store, task: NewTask, now: UnixMillis) -> TaskRecord {
+    let created = store
+        .create_task(task, "fp", now)
+        .await
+        .expect("create_task");
+    assert!(
+        !created.existing,
+        "a fresh task must not be reported existing"
+    );
+    created.task
+}
+
+async fn get(store: &dyn Store, id: &str) -> TaskRecord {
+    store
+        .get_task(id)
+        .await
+        .expect("get_task")
+        .unwrap_or_else(|| panic!("task {id} must exist"))
+}
+
+/// Applies `event` through the store and checks the store wrote exactly what
+/// the pure state machine computes from the previous record.
+async fn step(store: &dyn Store, prev: &TaskRecord, event: Event, now: UnixMillis) -> TaskRecord {
+    let mut expected = apply(prev, &event, now).expect("event must be legal").task;
+    let written = store
+        .transition(&prev.id, &event, now)
+        .await
+        .expect("transition");
+    expected.attempts = written.attempts.clone();
+    assert_eq!(
+        written, expected,
+        "store must write what core::apply computes"
+    );
+    written
+}
+
+fn without_attempts(mut task: TaskRecord) -> TaskRecord {
+    task.attempts.clear();
+    task
+}
+
+fn all_filter(limit: u32) -> TaskFilter {
+    TaskFilter {
+        limit,
+        ..TaskFilter::default()
+    }
+}
+
+mod batch_watch;
+mod claims;
+mod create_list;
+mod lifecycle;
+mod scheduling;
+
+pub use batch_watch::{subscribe_sees_changes, survives_reopen, transition_many_mixed};
+pub use claims::{claim_order_limit_and_chooser, concurrent_claimers_never_double_claim};
+pub use create_list::{concurrent_idempotent_creates, idempotent_create, list_filters_and_paging};
+pub use lifecycle::{
+    create_get_round_trip, full_life_records_attempts, missing_task_not_found,
+    stale_execution_refused, terminal_stays_terminal,
+};
+pub use scheduling::{due_tasks_after_run_at, in_flight_by_worker, ready_counts_by_handler};

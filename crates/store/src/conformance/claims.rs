@@ -1,0 +1,167 @@
+//! Conformance scenarios: claiming READY tasks for workers: order, limit, chooser, and exclusivity under concurrency.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use taskmesh_core::id::new_execution_id;
+use taskmesh_core::{NewTask, TaskRecord, TaskState};
+
+use super::{StoreFixture, T0, create, get, new_task, without_attempts};
+use crate::Claim;
+
+/// Claims take the highest priority first, FIFO within a priority, at most
+/// `limit`, only READY tasks of the handler, and skip what the chooser
+/// leaves.
+pub async fn claim_order_limit_and_chooser(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let mut by_priority = Vec::new();
+    for priority in [0, 5, 0, 5, 1] {
+        let task = NewTask {
+            priority,
+            ..new_task("claim")
+        };
+        by_priority.push(create(store, task, T0).await);
+    }
+    let other = create(
+        store,
+        NewTask {
+            priority: 9,
+            ..new_task("other")
+        },
+        T0,
+    )
+    .await;
+    let pending = create(
+        store,
+        NewTask {
+            priority: 10,
+            run_at: T0 + 60_000,
+            ..new_task("claim")
+        },
+        T0,
+    )
+    .await;
+    let [p0a, p5a, p0b, p5b, p1]: [String; 5] = by_priority
+        .into_iter()
+        .map(|t| t.id)
+        .collect::<Vec<_>>()
+        .try_into()
+        .expect("five tasks");
+
+    let claim_all = |_: &TaskRecord| {
+        Some(Claim {
+            execution_id: new_execution_id(),
+            worker_id: "w-1".into(),
+            ack_deadline: T0 + 5_000,
+        })
+    };
+    let mut calls = 0;
+    let none = store
+        .claim_ready("claim", 0, T0 + 1, &mut |_| {
+            calls += 1;
+            None
+        })
+        .await
+        .expect("claim 0");
+    assert!(none.is_empty());
+    assert_eq!(calls, 0, "limit 0 asks the chooser nothing");
+
+    let got = store
+        .claim_ready("claim", 2, T0 + 1, &mut claim_all.clone())
+        .await
+        .expect("claim");
+    let ids: Vec<&str> = got.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [p5a.as_str(), p5b.as_str()],
+        "priority first, then FIFO"
+    );
+    for t in &got {
+        assert_eq!(t.state, TaskState::Dispatching);
+        assert_eq!(t.worker_id.as_deref(), Some("w-1"));
+        assert_eq!((t.attempt, t.version, t.next_at), (1, 2, Some(T0 + 5_000)));
+        assert_eq!(without_attempts(get(store, &t.id).await), *t);
+    }
+
+    // The chooser leaves the first candidate (p1) READY: the tasks behind it
+    // are still claimed (a task no stream can take blocks nothing).
+    let mut seen = Vec::new();
+    let got = store
+        .claim_ready("claim", 2, T0 + 2, &mut |t: &TaskRecord| {
+            seen.push(t.id.clone());
+            if t.id == p1 { None } else { claim_all(t) }
+        })
+        .await
+        .expect("claim");
+    assert_eq!(
+        seen,
+        [p1.clone(), p0a.clone(), p0b.clone()],
+        "chooser sees candidates in order"
+    );
+    let ids: Vec<&str> = got.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, [p0a.as_str(), p0b.as_str()]);
+    let left = get(store, &p1).await;
+    assert_eq!((left.state, left.version), (TaskState::Ready, 1));
+
+    let got = store
+        .claim_ready("claim", 10, T0 + 3, &mut claim_all.clone())
+        .await
+        .expect("claim");
+    let ids: Vec<&str> = got.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, [p1.as_str()]);
+    let again = store
+        .claim_ready("claim", 10, T0 + 4, &mut claim_all.clone())
+        .await
+        .expect("claim");
+    assert!(again.is_empty(), "nothing READY is left for the handler");
+    assert_eq!(get(store, &other.id).await.state, TaskState::Ready);
+    assert_eq!(get(store, &pending.id).await.state, TaskState::Pending);
+}
+
+/// Two claimers racing over 200 READY tasks never get the same task.
+pub async fn concurrent_claimers_never_double_claim(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let mut all = BTreeSet::new();
+    for _ in 0..200 {
+        all.insert(create(store.as_ref(), new_task("race"), T0).await.id);
+    }
+    let claimer = |worker: &'static str| {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            let mut claimed = Vec::new();
+            for round in 0..50 {
+                let got = store
+                    .claim_ready("race", 2, T0 + 1 + round, &mut |_| {
+                        Some(Claim {
+                            execution_id: new_execution_id(),
+                            worker_id: worker.into(),
+                            ack_deadline: T0 + 10_000,
+                        })
+                    })
+                    .await
+                    .expect("claim_ready");
+                claimed.extend(got.into_iter().map(|t| (t.id, worker)));
+            }
+            claimed
+        })
+    };
+    let (a, b) = (claimer("w-a"), claimer("w-b"));
+    let claimed: Vec<(String, &str)> = [a.await.expect("join"), b.await.expect("join")].concat();
+
+    let mut owner = BTreeMap::new();
+    for (id, worker) in &claimed {
+        assert!(
+            owner.insert(id.clone(), *worker).is_none(),
+            "task {id} claimed twice"
+        );
+    }
+    assert_eq!(claimed.len(), 200, "100 claims of 2 drain 200 tasks");
+    assert_eq!(owner.keys().cloned().collect::<BTreeSet<_>>(), all);
+    for task in store.in_flight(None).await.expect("in_flight") {
+        assert_eq!(task.state, TaskState::Dispatching);
+        assert_eq!(task.worker_id.as_deref(), owner.get(&task.id).copied());
+        assert_eq!(task.version, 2, "each task written once");
+    }
+    assert!(store.ready_counts().await.expect("counts").is_empty());
+}

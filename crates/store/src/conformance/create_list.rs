@@ -1,0 +1,201 @@
+//! Conformance scenarios: creating tasks (idempotency included) and listing them.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use taskmesh_core::{NewTask, TaskRecord, TaskState};
+
+use super::{StoreFixture, T0, all_filter, create, new_task, without_attempts};
+use crate::{Error, Store, TaskFilter};
+
+/// A repeated `client_request_id` returns the stored task for the same
+/// fingerprint and is refused for another; one row either way.
+pub async fn idempotent_create(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let with_key = || NewTask {
+        client_request_id: Some("req-1".into()),
+        ..new_task("idem")
+    };
+    let first = store
+        .create_task(with_key(), "fp-a", T0)
+        .await
+        .expect("first create");
+    assert!(!first.existing);
+
+    let again = store
+        .create_task(with_key(), "fp-a", T0 + 5)
+        .await
+        .expect("repeat");
+    assert!(again.existing, "same key and fingerprint must be existing");
+    assert_eq!(again.task.id, first.task.id);
+    assert_eq!(without_attempts(again.task), first.task);
+
+    let err = store
+        .create_task(with_key(), "fp-b", T0 + 10)
+        .await
+        .expect_err("other fingerprint must be refused");
+    assert!(matches!(err, Error::AlreadyExists(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("req-1") && text.contains(&first.task.id),
+        "{text}"
+    );
+
+    let page = store.list_tasks(&all_filter(100)).await.expect("list");
+    assert_eq!(page.tasks.len(), 1, "exactly one row for one key");
+
+    // Without a key, two creates are two tasks.
+    create(store.as_ref(), new_task("idem"), T0).await;
+    create(store.as_ref(), new_task("idem"), T0).await;
+    let page = store.list_tasks(&all_filter(100)).await.expect("list");
+    assert_eq!(page.tasks.len(), 3);
+}
+
+/// Many concurrent creates with one key make one task; all but one see it
+/// as existing.
+pub async fn concurrent_idempotent_creates(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let mut handles = Vec::new();
+    for _ in 0..10 {
+        let store = Arc::clone(&store);
+        handles.push(tokio::spawn(async move {
+            let task = NewTask {
+                client_request_id: Some("req-race".into()),
+                ..new_task("race")
+            };
+            store.create_task(task, "fp", T0).await
+        }));
+    }
+    let mut ids = BTreeSet::new();
+    let mut fresh = 0;
+    for handle in handles {
+        let created = handle.await.expect("join").expect("create");
+        fresh += usize::from(!created.existing);
+        ids.insert(created.task.id);
+    }
+    assert_eq!(fresh, 1, "exactly one create writes");
+    assert_eq!(ids.len(), 1, "every caller sees the same task");
+    let page = store.list_tasks(&all_filter(100)).await.expect("list");
+    assert_eq!(page.tasks.len(), 1);
+}
+
+/// Listing is newest first, filters by state and handler, and pages with
+/// no duplicates, no gaps and no dangling cursor on the last page.
+pub async fn list_filters_and_paging(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let mut all = Vec::new();
+    for i in 0..25 {
+        let handler = if i % 2 == 0 { "h-a" } else { "h-b" };
+        let run_at = if i % 3 == 0 { T0 + 60_000 } else { T0 };
+        let task = NewTask {
+            run_at,
+            ..new_task(handler)
+        };
+        all.push(create(store.as_ref(), task, T0).await);
+    }
+    let mut newest_first: Vec<String> = all.iter().map(|t| t.id.clone()).collect();
+    newest_first.sort_by(|a, b| b.cmp(a));
+
+    for limit in [1u32, 5, 7, 25, 1000] {
+        let pages = page_all(store.as_ref(), TaskFilter::default(), limit).await;
+        let ids: Vec<String> = pages.iter().flatten().map(|t| t.id.clone()).collect();
+        assert_eq!(
+            ids, newest_first,
+            "limit {limit}: every task once, newest first"
+        );
+        let expected_pages = 25usize.div_ceil(limit as usize);
+        assert_eq!(pages.len(), expected_pages, "limit {limit}: page count");
+        assert!(pages.iter().flatten().all(|t| t.attempts.is_empty()));
+    }
+
+    let check = |filter: TaskFilter, keep: &dyn Fn(&TaskRecord) -> bool| {
+        let mut ids: Vec<String> = all
+            .iter()
+            .filter(|t| keep(t))
+            .map(|t| t.id.clone())
+            .collect();
+        ids.sort_by(|a, b| b.cmp(a));
+        (filter, ids)
+    };
+    let cases = [
+        check(
+            TaskFilter {
+                state: Some(TaskState::Pending),
+                ..TaskFilter::default()
+            },
+            &|t| t.state == TaskState::Pending,
+        ),
+        check(
+            TaskFilter {
+                handler: Some("h-b".into()),
+                ..TaskFilter::default()
+            },
+            &|t| t.handler == "h-b",
+        ),
+        check(
+            TaskFilter {
+                state: Some(TaskState::Ready),
+                handler: Some("h-a".into()),
+                ..TaskFilter::default()
+            },
+            &|t| t.state == TaskState::Ready && t.handler == "h-a",
+        ),
+        check(
+            TaskFilter {
+                state: Some(TaskState::Succeeded),
+                ..TaskFilter::default()
+            },
+            &|_| false,
+        ),
+    ];
+    for (filter, expected) in cases {
+        let ids: Vec<String> = page_all(store.as_ref(), filter.clone(), 3)
+            .await
+            .into_iter()
+            .flatten()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(ids, expected, "{filter:?}");
+    }
+
+    // Limits are clamped to 1..=1000.
+    let page = store.list_tasks(&all_filter(0)).await.expect("list");
+    assert_eq!(page.tasks.len(), 1);
+    let page = store.list_tasks(&all_filter(u32::MAX)).await.expect("list");
+    assert_eq!(page.tasks.len(), 25);
+    assert_eq!(page.next_before_id, None);
+}
+
+/// Every page of `filter` at `limit`, following `next_before_id`.
+async fn page_all(store: &dyn Store, mut filter: TaskFilter, limit: u32) -> Vec<Vec<TaskRecord>> {
+    filter.limit = limit;
+    filter.before_id = None;
+    let mut pages = Vec::new();
+    loop {
+        let page = store.list_tasks(&filter).await.expect("list_tasks");
+        assert!(
+            page.tasks.len() <= limit as usize,
+            "page larger than its limit"
+        );
+        match page.next_before_id {
+            Some(next) => {
+                assert_eq!(
+                    page.tasks.len(),
+                    limit as usize,
+                    "only the last page is short"
+                );
+                assert_eq!(Some(&next), page.tasks.last().map(|t| &t.id));
+                pages.push(page.tasks);
+                filter.before_id = Some(next);
+            }
+            None => {
+                if !page.tasks.is_empty() {
+                    pages.push(page.tasks);
+                }
+                break;
+            }
+        }
+        assert!(pages.len() <= 10_000, "paging does not end");
+    }
+    pages
+}

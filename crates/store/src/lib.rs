@@ -1,0 +1,155 @@
+//! Durable state of taskmesh: the [`Store`] trait and its SQL backends.
+//!
+//! Architecture invariant: every change of a task is computed by
+//! `taskmesh_core::apply` and written as one conditional statement keyed on
+//! the task's id and version (compare-and-set), together with its attempts
+//! row in the same transaction. A write computed from a stale read changes
+//! nothing. This crate knows nothing of gRPC or HTTP.
+
+pub mod conformance;
+mod error;
+pub mod sqlite;
+
+use async_trait::async_trait;
+use taskmesh_core::{Event, NewTask, TaskRecord, TaskState, UnixMillis};
+use tokio::sync::broadcast;
+
+pub use error::Error;
+pub use sqlite::{SqliteOptions, SqliteStore};
+
+/// Result of store operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The outcome of [`Store::create_task`].
+#[derive(Debug, Clone)]
+pub struct Created {
+    /// The task as stored.
+    pub task: TaskRecord,
+    /// True when `client_request_id` matched an existing task with the same
+    /// request fingerprint, and nothing new was written.
+    pub existing: bool,
+}
+
+/// Which tasks [`Store::list_tasks`] returns.
+#[derive(Debug, Clone, Default)]
+pub struct TaskFilter {
+    /// Only this state.
+    pub state: Option<TaskState>,
+    /// Only this handler.
+    pub handler: Option<String>,
+    /// Page size (1..=1000).
+    pub limit: u32,
+    /// Only tasks whose id sorts before this one (ids are time-ordered, so
+    /// pages run newest first).
+    pub before_id: Option<String>,
+}
+
+/// A page of tasks, newest first, without attempts.
+#[derive(Debug, Clone, Default)]
+pub struct TaskPage {
+    /// The tasks.
+    pub tasks: Vec<TaskRecord>,
+    /// Id to pass as `before_id` for the next page; `None` on the last page.
+    pub next_before_id: Option<String>,
+}
+
+/// The dispatcher's decision for one READY task in [`Store::claim_ready`].
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// Id of the new attempt.
+    pub execution_id: String,
+    /// The worker chosen.
+    pub worker_id: String,
+    /// Take the task back if no ACK comes by then.
+    pub ack_deadline: UnixMillis,
+}
+
+/// Chooses a worker for a READY task, or `None` to leave it READY.
+pub type Chooser<'a> = dyn FnMut(&TaskRecord) -> Option<Claim> + Send + 'a;
+
+/// A committed change of a task, published after the commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskChange {
+    /// The task.
+    pub task_id: String,
+    /// Its new state.
+    pub state: TaskState,
+    /// Its new version.
+    pub version: i64,
+}
+
+/// How many READY candidates a claim for `limit` tasks looks at.
+pub fn claim_scan(limit: usize) -> usize {
+    limit.saturating_mul(4).saturating_add(32).min(4_096)
+}
+
+/// Durable task storage. Implementations pass the conformance suite of
+/// [`conformance`] (run with [`store_conformance_suite!`]).
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Creates a task. With a `client_request_id` already stored: the same
+    /// `fingerprint` returns the stored task with `existing = true`; another
+    /// fingerprint is [`Error::AlreadyExists`]. Never two tasks for one id.
+    async fn create_task(
+        &self,
+        task: NewTask,
+        fingerprint: &str,
+        now: UnixMillis,
+    ) -> Result<Created>;
+
+    /// One task with its attempts, oldest first.
+    async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>>;
+
+    /// A page of tasks, newest first, attempts left empty.
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage>;
+
+    /// Applies `event` to the task with a compare-and-set on its version,
+    /// re-reading and re-applying on a lost race. Returns the task as
+    /// written. [`Error::NotFound`] if there is no such task,
+    /// [`Error::Transition`] if the event does not apply.
+    async fn transition(&self, id: &str, event: &Event, now: UnixMillis) -> Result<TaskRecord>;
+
+    /// Applies many events in one transaction (one commit for the batch).
+    /// Each event succeeds or fails on its own; the result is in input order.
+    async fn transition_many(
+        &self,
+        events: &[(String, Event)],
+        now: UnixMillis,
+    ) -> Result<Vec<Result<TaskRecord>>>;
+
+    /// Moves up to `limit` READY tasks of `handler` to DISPATCHING, highest
+    /// priority first and FIFO within a priority, in one transaction. For
+    /// each candidate `chooser` names the worker or leaves it READY; up to
+    /// [`claim_scan`]`(limit)` candidates are looked at, so a task no stream
+    /// can take (its labels match no worker) does not block those behind it.
+    /// Returns the claimed tasks as written.
+    async fn claim_ready(
+        &self,
+        handler: &str,
+        limit: usize,
+        now: UnixMillis,
+        chooser: &mut Chooser<'_>,
+    ) -> Result<Vec<TaskRecord>>;
+
+    /// Tasks whose `next_at` has passed (PENDING/RETRYING due, DISPATCHING
+    /// past the ACK deadline, RUNNING past the execution deadline), earliest
+    /// first.
+    async fn due_tasks(&self, now: UnixMillis, limit: usize) -> Result<Vec<TaskRecord>>;
+
+    /// Every DISPATCHING or RUNNING task (for recovery after a restart or the
+    /// loss of a worker).
+    async fn in_flight(&self, worker_id: Option<&str>) -> Result<Vec<TaskRecord>>;
+
+    /// The earliest `next_at` of any task, if any.
+    async fn next_due_at(&self) -> Result<Option<UnixMillis>>;
+
+    /// Handlers that have READY tasks, with how many.
+    async fn ready_counts(&self) -> Result<Vec<(String, u64)>>;
+
+    /// Committed changes, for watchers and the dispatcher's wake-ups. A slow
+    /// receiver may miss changes (`Lagged`) and must re-read.
+    fn subscribe(&self) -> broadcast::Receiver<TaskChange>;
+
+    /// Checks the store answers.
+    async fn ping(&self) -> Result<()>;
+}

@@ -1,0 +1,325 @@
+//! `impl Store for SqliteStore`: writes in `BEGIN IMMEDIATE` transactions on
+//! the single writer connection, reads on the reader pool, and a
+//! [`TaskChange`] published for every task row written once it committed.
+
+use async_trait::async_trait;
+use sqlx::{AssertSqlSafe, Sqlite, Transaction};
+use taskmesh_core::{Event, NewTask, TaskRecord, UnixMillis};
+use tokio::sync::broadcast;
+
+use super::SqliteStore;
+use super::rows::task_from_row;
+use super::tx;
+use crate::error::is_unique_violation;
+use crate::{Chooser, Created, Error, Result, Store, TaskChange, TaskFilter, TaskPage};
+
+/// Largest page [`Store::list_tasks`] returns.
+const MAX_PAGE: u32 = 1000;
+
+// The fixed queries, named so `tests.rs` can check their plans use the
+// indexes of the migration. `state = 'READY'` is spelled literally: SQLite
+// uses a partial index only when the query's WHERE visibly implies its own.
+
+/// Claim candidates of one handler: `tasks_ready_claim`, no sort.
+pub(super) const CLAIM_SQL: &str = concat!(
+    "SELECT ",
+    task_columns!(),
+    " FROM tasks WHERE state = 'READY' AND handler = ? \
+     ORDER BY priority DESC, id ASC LIMIT ?"
+);
+/// Tasks whose `next_at` has passed: `tasks_next_at`, in its order. The
+/// state filter is only a guard (core clears `next_at` in other states); its
+/// unary `+` keeps the planner from preferring `tasks_state_id` for it.
+pub(super) const DUE_SQL: &str = concat!(
+    "SELECT ",
+    task_columns!(),
+    " FROM tasks WHERE next_at IS NOT NULL AND next_at <= ? \
+     AND +state IN ('PENDING', 'RETRYING', 'DISPATCHING', 'RUNNING') \
+     ORDER BY next_at, id LIMIT ?"
+);
+/// The earliest `next_at`: one step down `tasks_next_at`.
+pub(super) const NEXT_DUE_SQL: &str = "SELECT MIN(next_at) FROM tasks WHERE next_at IS NOT NULL";
+/// READY tasks per handler, counted on `tasks_ready_claim` alone (it covers
+/// `handler`, in order). Named with `INDEXED BY` because without statistics
+/// the planner prefers `tasks_state_id`, which needs a table lookup per row
+/// and a sort.
+pub(super) const READY_COUNTS_SQL: &str = "SELECT handler, COUNT(*) \
+     FROM tasks INDEXED BY tasks_ready_claim \
+     WHERE state = 'READY' GROUP BY handler ORDER BY handler";
+
+fn change_of(task: &TaskRecord) -> TaskChange {
+    TaskChange {
+        task_id: task.id.clone(),
+        state: task.state,
+        version: task.version,
+    }
+}
+
+/// A `usize` limit as an SQL `LIMIT` value.
+fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+/// The answer to a create whose `client_request_id` is already stored.
+fn existing_or_taken(stored: TaskRecord, stored_fp: &str, fingerprint: &str) -> Result<Created> {
+    if stored_fp == fingerprint {
+        return Ok(Created {
+            task: stored,
+            existing: true,
+        });
+    }
+    Err(Error::AlreadyExists(format!(
+        "client_request_id {} is already used by task {} with a different request",
+        stored.client_request_id.as_deref().unwrap_or_default(),
+        stored.id
+    )))
+}
+
+/// The listing query for `filter`: its conditions, newest first, and a
+/// `LIMIT ?`. Binds, in order: state, handler, before_id (each if set),
+/// limit.
+pub(super) fn list_sql(filter: &TaskFilter) -> String {
+    let mut conditions = Vec::new();
+    if filter.state.is_some() {
+        conditions.push("state = ?");
+    }
+    if filter.handler.is_some() {
+        conditions.push("handler = ?");
+    }
+    if filter.before_id.is_some() {
+        conditions.push("id < ?");
+    }
+    let mut sql = String::from(concat!("SELECT ", task_columns!(), " FROM tasks"));
+    if !conditions.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&conditions.join(" AND "));
+    }
+    sql.push_str(" ORDER BY id DESC LIMIT ?");
+    sql
+}
+
+impl SqliteStore {
+    /// Starts a write transaction on the writer, taking the write lock now.
+    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    /// Runs a `task_columns!()` query on the reader pool.
+    async fn read_tasks(&self, q: super::rows::SqliteQuery<'_>) -> Result<Vec<TaskRecord>> {
+        let rows = q.fetch_all(&self.reader).await?;
+        rows.iter().map(task_from_row).collect()
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_task(
+        &self,
+        task: NewTask,
+        fingerprint: &str,
+        now: UnixMillis,
+    ) -> Result<Created> {
+        let client_request_id = task.client_request_id.clone();
+        let mut tx = self.begin_write().await?;
+        if let Some(crid) = &client_request_id
+            && let Some((stored, stored_fp)) = tx::find_by_request_id(&mut tx, crid).await?
+        {
+            return existing_or_taken(stored, &stored_fp, fingerprint);
+        }
+        let record = task.into_record(now);
+        match tx::insert_task(&mut tx, &record, fingerprint).await? {
+            Ok(()) => {}
+            Err(err) if is_unique_violation(&err) => {
+                // Another writer (another process on this file) got there
+                // first: answer from what it committed.
+                drop(tx);
+                let mut conn = self.reader.acquire().await?;
+                if let Some(crid) = &client_request_id
+                    && let Some((stored, stored_fp)) =
+                        tx::find_by_request_id(&mut conn, crid).await?
+                {
+                    return existing_or_taken(stored, &stored_fp, fingerprint);
+                }
+                return Err(Error::AlreadyExists(format!(
+                    "task {} already exists",
+                    record.id
+                )));
+            }
+            Err(err) => return Err(err.into()),
+        }
+        tx.commit().await?;
+        tracing::debug!(task_id = %record.id, state = %record.state, "task created");
+        self.publish([change_of(&record)]);
+        Ok(Created {
+            task: record,
+            existing: false,
+        })
+    }
+
+    async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>> {
+        // One read transaction, so the row and its attempts are one snapshot.
+        let mut rtx = self.reader.begin().await?;
+        let Some(mut task) = tx::load_task(&mut rtx, id).await? else {
+            return Ok(None);
+        };
+        task.attempts = tx::load_attempts(&mut rtx, id).await?;
+        rtx.commit().await?;
+        Ok(Some(task))
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage> {
+        let limit = filter.limit.clamp(1, MAX_PAGE);
+        let sql = list_sql(filter);
+        // `list_sql` joins fixed fragments only; every value is bound.
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        if let Some(state) = filter.state {
+            q = q.bind(state.as_str());
+        }
+        if let Some(handler) = &filter.handler {
+            q = q.bind(handler.clone());
+        }
+        if let Some(before) = &filter.before_id {
+            q = q.bind(before.clone());
+        }
+        // One more than asked tells whether another page exists.
+        let mut tasks = self.read_tasks(q.bind(i64::from(limit) + 1)).await?;
+        let mut next_before_id = None;
+        if tasks.len() > limit as usize {
+            tasks.truncate(limit as usize);
+            next_before_id = tasks.last().map(|t| t.id.clone());
+        }
+        Ok(TaskPage {
+            tasks,
+            next_before_id,
+        })
+    }
+
+    async fn transition(&self, id: &str, event: &Event, now: UnixMillis) -> Result<TaskRecord> {
+        let mut tx = self.begin_write().await?;
+        let task = tx::transition_one(&mut tx, id, event, now).await?;
+        tx.commit().await?;
+        self.publish([change_of(&task)]);
+        Ok(task)
+    }
+
+    async fn transition_many(
+        &self,
+        events: &[(String, Event)],
+        now: UnixMillis,
+    ) -> Result<Vec<Result<TaskRecord>>> {
+        let mut tx = self.begin_write().await?;
+        let mut results = Vec::with_capacity(events.len());
+        for (id, event) in events {
+            // A savepoint per event: an event failing half-way (say, on
+            // its attempts row) leaves nothing behind, and the others go on.
+            let mut sp = sqlx::Connection::begin(&mut *tx).await?;
+            let result = tx::transition_one(&mut sp, id, event, now).await;
+            if result.is_ok() {
+                sp.commit().await?;
+            } else {
+                sp.rollback().await?;
+            }
+            results.push(result);
+        }
+        tx.commit().await?;
+        self.publish(results.iter().flatten().map(change_of));
+        Ok(results)
+    }
+
+    async fn claim_ready(
+        &self,
+        handler: &str,
+        limit: usize,
+        now: UnixMillis,
+        chooser: &mut Chooser<'_>,
+    ) -> Result<Vec<TaskRecord>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin_write().await?;
+        let rows = sqlx::query(CLAIM_SQL)
+            .bind(handler)
+            .bind(sql_limit(crate::claim_scan(limit)))
+            .fetch_all(&mut *tx)
+            .await?;
+        let candidates = rows.iter().map(task_from_row).collect::<Result<Vec<_>>>()?;
+        let mut claimed = Vec::new();
+        for task in candidates {
+            if claimed.len() == limit {
+                break;
+            }
+            let Some(claim) = chooser(&task) else {
+                continue;
+            };
+            let event = Event::Dispatch {
+                execution_id: claim.execution_id,
+                worker_id: claim.worker_id,
+                ack_deadline: claim.ack_deadline,
+            };
+            let transition = match taskmesh_core::apply(&task, &event, now) {
+                Ok(t) => t,
+                Err(err) => {
+                    tracing::warn!(task_id = %task.id, error = %err, "READY task refused dispatch");
+                    continue;
+                }
+            };
+            // The single writer connection means the CAS cannot miss here;
+            // it stays so the invariant holds for every write.
+            if tx::write_transition(&mut tx, task.version, &transition).await? {
+                claimed.push(transition.task);
+            }
+        }
+        tx.commit().await?;
+        self.publish(claimed.iter().map(change_of));
+        Ok(claimed)
+    }
+
+    async fn due_tasks(&self, now: UnixMillis, limit: usize) -> Result<Vec<TaskRecord>> {
+        let q = sqlx::query(DUE_SQL).bind(now).bind(sql_limit(limit));
+        self.read_tasks(q).await
+    }
+
+    async fn in_flight(&self, worker_id: Option<&str>) -> Result<Vec<TaskRecord>> {
+        let q = match worker_id {
+            None => sqlx::query(concat!(
+                "SELECT ",
+                task_columns!(),
+                " FROM tasks WHERE state IN ('DISPATCHING', 'RUNNING') ORDER BY id"
+            )),
+            Some(worker) => sqlx::query(concat!(
+                "SELECT ",
+                task_columns!(),
+                " FROM tasks WHERE state IN ('DISPATCHING', 'RUNNING') AND worker_id = ? \
+                 ORDER BY id"
+            ))
+            .bind(worker.to_string()),
+        };
+        self.read_tasks(q).await
+    }
+
+    async fn next_due_at(&self) -> Result<Option<UnixMillis>> {
+        let min: Option<i64> = sqlx::query_scalar(NEXT_DUE_SQL)
+            .fetch_one(&self.reader)
+            .await?;
+        Ok(min)
+    }
+
+    async fn ready_counts(&self) -> Result<Vec<(String, u64)>> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(READY_COUNTS_SQL)
+            .fetch_all(&self.reader)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(handler, n)| (handler, u64::try_from(n).unwrap_or(0)))
+            .collect())
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<TaskChange> {
+        self.changes.subscribe()
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.reader).await?;
+        Ok(())
+    }
+}

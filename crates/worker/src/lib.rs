@@ -1,0 +1,46 @@
+//! The taskmesh worker SDK.
+//!
+//! This crate owns the worker side of the `Dispatcher.Connect` stream: it
+//! registers with a dispatcher, keeps the session alive with heartbeats,
+//! acknowledges or rejects assignments, runs [`Handler`]s within a bounded
+//! number of slots, reports their results, reconnects with backoff and
+//! failover, and drains gracefully on shutdown.
+//!
+//! It depends only on the `taskmesh` contract crate (the code generated from
+//! `proto/`) and must never depend on server internals (`taskmesh-core`,
+//! `taskmesh-dispatcher`, ...): a worker talks to the server through the wire
+//! protocol alone.
+//!
+//! ```no_run
+//! use taskmesh_worker::{Worker, WorkerOptions, builtin, handler_fn, Output};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn demo() -> Result<(), taskmesh_worker::Error> {
+//! let opts = WorkerOptions::new(vec!["http://127.0.0.1:50051".to_string()]);
+//! let worker = Worker::new(opts)
+//!     .handler("echo", builtin::Echo)
+//!     .handler("hello", handler_fn(|_ctx| async { Ok(Output::json(b"\"hi\"".to_vec())) }));
+//! worker.run(CancellationToken::new()).await
+//! # }
+//! ```
+
+#![warn(missing_docs)]
+
+mod backoff;
+pub mod builtin;
+mod cpu;
+mod error;
+mod exec;
+mod handler;
+mod options;
+mod session;
+mod stats;
+mod wire;
+mod worker;
+
+pub use builtin::{BUILTIN_NAMES, builtin};
+pub use error::Error;
+pub use handler::{FnHandler, Handler, HandlerError, Output, TaskContext, handler_fn};
+pub use options::WorkerOptions;
+pub use stats::SlidingWindow;
+pub use worker::{Worker, WorkerHandle};

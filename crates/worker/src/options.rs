@@ -1,0 +1,125 @@
+//! Worker configuration.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::Error;
+
+/// How a worker connects and what it offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerOptions {
+    /// Dispatcher addresses, tried in order on failover, e.g. `http://127.0.0.1:50051`.
+    pub servers: Vec<String>,
+    /// Stable id of this worker process (1-128 characters).
+    pub worker_id: String,
+    /// Human-readable name, by default the host name.
+    pub name: String,
+    /// Slots: the most handlers run at once (at least 1).
+    pub concurrency: u32,
+    /// Labels matched against task labels.
+    pub labels: BTreeMap<String, String>,
+    /// Weight for the weighted balancer; 0 means 1.
+    pub weight: u32,
+    /// First reconnect delay (and lower bound of every delay).
+    pub reconnect_initial: Duration,
+    /// Upper bound of the reconnect delay.
+    pub reconnect_max: Duration,
+    /// How long a graceful drain waits for running handlers.
+    pub drain_timeout: Duration,
+}
+
+impl WorkerOptions {
+    /// Options with defaults: a fresh UUIDv4 worker id, the host name, 4 slots,
+    /// weight 1, reconnect 200 ms to 10 s, drain timeout 30 s.
+    pub fn new(servers: Vec<String>) -> Self {
+        WorkerOptions {
+            servers,
+            worker_id: uuid::Uuid::new_v4().to_string(),
+            name: hostname(),
+            concurrency: 4,
+            labels: BTreeMap::new(),
+            weight: 1,
+            reconnect_initial: Duration::from_millis(200),
+            reconnect_max: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Checks the options: at least one server, each an `http://` or
+    /// `https://` URL, a worker id of 1-128 characters and at least one slot.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.servers.is_empty() {
+            return Err(Error::InvalidOptions(
+                "at least one server is required".into(),
+            ));
+        }
+        if let Some(bad) = self
+            .servers
+            .iter()
+            .find(|s| !(s.starts_with("http://") || s.starts_with("https://")))
+        {
+            return Err(Error::InvalidOptions(format!(
+                "server {bad:?} must start with http:// or https://"
+            )));
+        }
+        if self.concurrency == 0 {
+            return Err(Error::InvalidOptions(
+                "concurrency must be at least 1".into(),
+            ));
+        }
+        let id_len = self.worker_id.chars().count();
+        if !(1..=128).contains(&id_len) {
+            return Err(Error::InvalidOptions(
+                "worker_id must be 1-128 characters".into(),
+            ));
+        }
+        if self.reconnect_initial > self.reconnect_max {
+            return Err(Error::InvalidOptions(
+                "reconnect_initial must not exceed reconnect_max".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The host name from `/etc/hostname`, or `"worker"` when unavailable.
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "worker".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let o = WorkerOptions::new(vec!["http://127.0.0.1:1".into()]);
+        assert_eq!(o.concurrency, 4);
+        assert!(uuid::Uuid::parse_str(&o.worker_id).is_ok());
+        assert!(!o.name.is_empty());
+        assert_eq!(o.reconnect_initial, Duration::from_millis(200));
+        assert_eq!(o.reconnect_max, Duration::from_secs(10));
+        assert_eq!(o.drain_timeout, Duration::from_secs(30));
+        o.validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_bad_options() {
+        assert!(WorkerOptions::new(vec![]).validate().is_err());
+        assert!(
+            WorkerOptions::new(vec!["127.0.0.1:1".into()])
+                .validate()
+                .is_err()
+        );
+        let mut o = WorkerOptions::new(vec!["https://a:1".into()]);
+        o.concurrency = 0;
+        assert!(o.validate().is_err());
+        let mut o = WorkerOptions::new(vec!["https://a:1".into()]);
+        o.worker_id.clear();
+        assert!(o.validate().is_err());
+    }
+}

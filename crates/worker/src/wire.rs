@@ -1,0 +1,84 @@
+//! Building and reading contract messages.
+
+use std::time::{Duration, SystemTime};
+
+use taskmesh::v1::{
+    ConnectRequest, ResultRecorded, TaskAssignment, WorkerRegistration, connect_request,
+    connect_response,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::worker::Shared;
+use crate::{Error, TaskContext};
+
+pub(crate) async fn send(
+    tx: &mpsc::Sender<ConnectRequest>,
+    message: connect_request::Message,
+) -> Result<(), Error> {
+    tx.send(ConnectRequest {
+        message: Some(message),
+    })
+    .await
+    .map_err(|_| Error::StreamClosed)
+}
+
+pub(crate) fn registration(shared: &Shared) -> WorkerRegistration {
+    let opts = &shared.opts;
+    WorkerRegistration {
+        worker_id: opts.worker_id.clone(),
+        name: opts.name.clone(),
+        handlers: shared.handlers.keys().cloned().collect(),
+        capacity: opts.concurrency,
+        labels: opts
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        weight: opts.weight,
+    }
+}
+
+pub(crate) fn context(a: TaskAssignment, cancel: CancellationToken) -> TaskContext {
+    let payload = a.payload.unwrap_or_default();
+    TaskContext {
+        task_id: a.task_id,
+        attempt: a.attempt,
+        execution_id: a.execution_id,
+        handler: a.handler,
+        payload: payload.data,
+        content_type: payload.content_type,
+        deadline: a.deadline.and_then(|t| SystemTime::try_from(t).ok()),
+        timeout: a.timeout.and_then(|d| Duration::try_from(d).ok()),
+        trace_context: a.trace_context,
+        labels: a.labels,
+        cancel,
+    }
+}
+
+pub(crate) fn log_recorded(worker_id: &str, r: &ResultRecorded) {
+    let (task_id, execution_id) = (r.task_id.as_str(), r.execution_id.as_str());
+    if r.accepted {
+        debug!(worker_id, task_id, execution_id, "report recorded");
+    } else {
+        warn!(
+            worker_id,
+            task_id,
+            execution_id,
+            reason = r.message,
+            "report refused as stale"
+        );
+    }
+}
+
+pub(crate) fn response_kind(message: &connect_response::Message) -> &'static str {
+    use connect_response::Message;
+    match message {
+        Message::Registered(_) => "registered",
+        Message::Assign(_) => "assign",
+        Message::Cancel(_) => "cancel",
+        Message::Drain(_) => "drain",
+        Message::Recorded(_) => "recorded",
+    }
+}

@@ -1,0 +1,209 @@
+//! A scripted `Dispatcher` server for the worker tests: it answers
+//! `register` with `registered` and hands every stream to the test.
+
+#![allow(dead_code)]
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use taskmesh::v1::dispatcher_server::{Dispatcher, DispatcherServer};
+use taskmesh::v1::{
+    ConnectRequest, ConnectResponse, Payload, TaskAssignment, TaskCancel, WorkerHeartbeat,
+    WorkerRegistered, WorkerRegistration, connect_request, connect_response,
+};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status, Streaming};
+
+/// How long a test waits for anything before failing.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A running scripted server.
+pub struct Server {
+    /// `http://127.0.0.1:PORT`.
+    pub addr: String,
+    conns: mpsc::UnboundedReceiver<Conn>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Server {
+    /// Starts a server telling workers to heartbeat every `heartbeat`.
+    pub async fn start(heartbeat: Duration) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let (conns_tx, conns) = mpsc::unbounded_channel();
+        let svc = Svc {
+            heartbeat,
+            conns: conns_tx,
+        };
+        let task = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(DispatcherServer::new(svc))
+                .serve_with_incoming(TcpIncoming::from(listener))
+                .await
+                .unwrap();
+        });
+        Server { addr, conns, task }
+    }
+
+    /// The next worker stream (after its first message arrived).
+    pub async fn accept(&mut self) -> Conn {
+        tokio::time::timeout(WAIT, self.conns.recv())
+            .await
+            .expect("no worker connected in time")
+            .expect("server stopped")
+    }
+}
+
+/// An address nothing listens on.
+pub async fn dead_addr() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    addr
+}
+
+struct Svc {
+    heartbeat: Duration,
+    conns: mpsc::UnboundedSender<Conn>,
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<ConnectResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Dispatcher for Svc {
+    type ConnectStream = ResponseStream;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<ConnectRequest>>,
+    ) -> Result<Response<ResponseStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (to_worker, to_worker_rx) = mpsc::unbounded_channel();
+        let (from_worker_tx, from_worker) = mpsc::unbounded_channel();
+        let (closed_tx, closed_rx) = oneshot::channel::<()>();
+        let heartbeat = self.heartbeat;
+        let conns = self.conns.clone();
+        tokio::spawn(async move {
+            let Ok(Some(first)) = inbound.message().await else {
+                return;
+            };
+            if let Some(connect_request::Message::Register(_)) = &first.message {
+                let registered = WorkerRegistered {
+                    session_id: "session".into(),
+                    heartbeat_interval: Some(heartbeat.try_into().unwrap()),
+                    ack_timeout: Some(Duration::from_secs(5).try_into().unwrap()),
+                };
+                let _ = to_worker.send(Ok(ConnectResponse {
+                    message: Some(connect_response::Message::Registered(registered)),
+                }));
+            }
+            let _ = conns.send(Conn {
+                first,
+                tx: to_worker,
+                rx: from_worker,
+                heartbeats: Vec::new(),
+            });
+            while let Ok(Some(message)) = inbound.message().await {
+                let _ = from_worker_tx.send(message);
+            }
+            drop(closed_tx);
+        });
+        // The response ends when the test drops its `Conn` or the worker
+        // closes its half.
+        let stream = UnboundedReceiverStream::new(to_worker_rx).take_until(closed_rx);
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// One worker stream as seen by the server.
+pub struct Conn {
+    /// The worker's first message.
+    pub first: ConnectRequest,
+    tx: mpsc::UnboundedSender<Result<ConnectResponse, Status>>,
+    rx: mpsc::UnboundedReceiver<ConnectRequest>,
+    /// Heartbeats skipped by [`Conn::next`].
+    pub heartbeats: Vec<WorkerHeartbeat>,
+}
+
+impl Conn {
+    /// The registration the worker opened with.
+    pub fn registration(&self) -> &WorkerRegistration {
+        match &self.first.message {
+            Some(connect_request::Message::Register(r)) => r,
+            other => panic!("first message is not register: {other:?}"),
+        }
+    }
+
+    /// Sends a message to the worker.
+    pub fn send(&self, message: connect_response::Message) {
+        self.tx
+            .send(Ok(ConnectResponse {
+                message: Some(message),
+            }))
+            .expect("stream closed");
+    }
+
+    /// Assigns `handler` with a JSON payload.
+    pub fn assign(&self, execution_id: &str, handler: &str, attempt: u32, payload: &[u8]) {
+        self.send(connect_response::Message::Assign(TaskAssignment {
+            task_id: format!("task-{execution_id}"),
+            attempt,
+            execution_id: execution_id.into(),
+            fencing_token: 1,
+            handler: handler.into(),
+            payload: Some(Payload {
+                data: payload.to_vec(),
+                content_type: "application/json".into(),
+            }),
+            ..Default::default()
+        }));
+    }
+
+    /// Cancels an execution.
+    pub fn cancel(&self, execution_id: &str) {
+        self.send(connect_response::Message::Cancel(TaskCancel {
+            task_id: format!("task-{execution_id}"),
+            execution_id: execution_id.into(),
+            reason: "test".into(),
+        }));
+    }
+
+    /// The next message, heartbeats included.
+    pub async fn next_any(&mut self) -> Option<connect_request::Message> {
+        let message = tokio::time::timeout(WAIT, self.rx.recv())
+            .await
+            .expect("no message from the worker in time")?;
+        Some(message.message.expect("empty message"))
+    }
+
+    /// The next non-heartbeat message (heartbeats are kept in `heartbeats`).
+    pub async fn next(&mut self) -> connect_request::Message {
+        loop {
+            match self.next_any().await.expect("worker closed the stream") {
+                connect_request::Message::Heartbeat(h) => self.heartbeats.push(h),
+                other => return other,
+            }
+        }
+    }
+
+    /// Waits until the worker closes its half, failing on non-heartbeats.
+    pub async fn closed(&mut self) {
+        while let Some(message) = self.next_any().await {
+            match message {
+                connect_request::Message::Heartbeat(h) => self.heartbeats.push(h),
+                other => panic!("unexpected message before close: {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Checks that the machine's PostgreSQL (127.0.0.1:5432) and Redis
+# (127.0.0.1:6379) answer, and starts them if they do not. Tests that kill a
+# server start their own private instances instead of touching these.
+set -euo pipefail
+
+pg_ok() { pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; }
+redis_ok() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }
+
+if ! pg_ok; then
+  echo "postgres: not answering, starting it"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+fi
+if ! redis_ok; then
+  echo "redis: not answering, starting it"
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no || true
+fi
+
+for _ in $(seq 1 50); do
+  if pg_ok && redis_ok; then
+    echo "postgres and redis answer"
+    exit 0
+  fi
+  sleep 0.2
+done
+pg_ok || echo "postgres: still not answering on 127.0.0.1:5432" >&2
+redis_ok || echo "redis: still not answering on 127.0.0.1:6379" >&2
+exit 1

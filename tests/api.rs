@@ -1,0 +1,317 @@
+//! The TaskApi's promises at the front door: idempotent submit, clear errors
+//! for bad input with nothing written, cancel and watch.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use taskmesh::v1 as pb;
+use tonic::Code;
+
+async fn count_tasks(
+    api: &mut taskmesh::v1::task_api_client::TaskApiClient<tonic::transport::Channel>,
+) -> usize {
+    api.list_tasks(pb::ListTasksRequest {
+        page_size: 1_000,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .tasks
+    .len()
+}
+
+fn request(payload: &str, key: &str) -> pb::SubmitTaskRequest {
+    pb::SubmitTaskRequest {
+        handler: "echo".into(),
+        payload: Some(pb::Payload {
+            data: payload.as_bytes().to_vec(),
+            content_type: "application/json".into(),
+        }),
+        client_request_id: key.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn the_same_client_request_id_yields_one_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let mut api = api(node.grpc_addr).await;
+
+    let first = api
+        .submit_task(request("{\"a\":1}", "order-42"))
+        .await
+        .unwrap()
+        .into_inner();
+    let again = api
+        .submit_task(request("{\"a\":1}", "order-42"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!first.existing);
+    assert!(again.existing);
+    assert_eq!(first.task_id, again.task_id);
+
+    let err = api
+        .submit_task(request("{\"a\":2}", "order-42"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    assert!(err.message().contains("order-42"), "{}", err.message());
+    assert_eq!(count_tasks(&mut api).await, 1);
+    node.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn malformed_requests_get_clear_errors_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = node_options(dir.path());
+    opts.dispatcher.max_payload_bytes = 1_024;
+    let node = start_node(opts).await;
+    let mut api = api(node.grpc_addr).await;
+
+    let cases: Vec<(&str, pb::SubmitTaskRequest, &str)> = vec![
+        (
+            "empty handler",
+            pb::SubmitTaskRequest::default(),
+            "handler must not be empty",
+        ),
+        (
+            "invalid handler",
+            pb::SubmitTaskRequest {
+                handler: "send email".into(),
+                ..Default::default()
+            },
+            "is invalid",
+        ),
+        (
+            "oversized payload",
+            pb::SubmitTaskRequest {
+                handler: "echo".into(),
+                payload: Some(pb::Payload {
+                    data: vec![b'x'; 2_000],
+                    content_type: String::new(),
+                }),
+                ..Default::default()
+            },
+            "the limit is 1024 bytes",
+        ),
+        (
+            "run_at and delay",
+            pb::SubmitTaskRequest {
+                handler: "echo".into(),
+                run_at: Some(prost_types::Timestamp {
+                    seconds: 1,
+                    nanos: 0,
+                }),
+                delay: Some(prost_types::Duration {
+                    seconds: 1,
+                    nanos: 0,
+                }),
+                ..Default::default()
+            },
+            "not both",
+        ),
+        (
+            "negative delay",
+            pb::SubmitTaskRequest {
+                handler: "echo".into(),
+                delay: Some(prost_types::Duration {
+                    seconds: -5,
+                    nanos: 0,
+                }),
+                ..Default::default()
+            },
+            "delay",
+        ),
+        (
+            "bad callback url",
+            pb::SubmitTaskRequest {
+                handler: "echo".into(),
+                callback_url: "ftp://x".into(),
+                ..Default::default()
+            },
+            "callback_url",
+        ),
+        (
+            "absurd retry policy",
+            pb::SubmitTaskRequest {
+                handler: "echo".into(),
+                retry_policy: Some(pb::RetryPolicy {
+                    max_attempts: 1_000_000,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            "max_attempts",
+        ),
+    ];
+    for (name, req, needle) in cases {
+        let err = api.submit_task(req).await.expect_err(name);
+        assert_eq!(err.code(), Code::InvalidArgument, "{name}: {err:?}");
+        assert!(
+            err.message().contains(needle),
+            "{name}: {:?} lacks {needle:?}",
+            err.message()
+        );
+    }
+
+    for bad in ["", "42", "not-a-uuid", "'; DROP TABLE tasks; --"] {
+        let err = api
+            .get_task(pb::GetTaskRequest {
+                task_id: bad.into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "get {bad:?}");
+        let err = api
+            .cancel_task(pb::CancelTaskRequest {
+                task_id: bad.into(),
+                reason: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "cancel {bad:?}");
+    }
+    let unknown = "0190b5c8-0000-7000-8000-000000000000";
+    let err = api
+        .get_task(pb::GetTaskRequest {
+            task_id: unknown.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains(unknown));
+    let err = api
+        .ack_task(pb::AckTaskRequest {
+            task_id: unknown.into(),
+            execution_id: "e".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = api
+        .list_tasks(pb::ListTasksRequest {
+            state: 99,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    assert_eq!(count_tasks(&mut api).await, 0, "nothing was written");
+    node.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_waiting_task_is_cancelled_and_watchers_see_every_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let mut api = api(node.grpc_addr).await;
+
+    // No worker serves "nobody": the task waits READY until cancelled.
+    let id = submit(&mut api, "nobody", b"{}").await;
+    let mut watch = api
+        .watch_task(pb::WatchTaskRequest {
+            task_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap().task.unwrap();
+    assert_eq!(state(&first), pb::TaskState::Ready);
+
+    let cancelled = api
+        .cancel_task(pb::CancelTaskRequest {
+            task_id: id.clone(),
+            reason: "changed my mind".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task
+        .unwrap();
+    assert_eq!(state(&cancelled), pb::TaskState::Cancelled);
+    assert_eq!(cancelled.error_message, "changed my mind");
+
+    let next = tokio::time::timeout(Duration::from_secs(10), watch.message())
+        .await
+        .expect("a change within 10 s")
+        .unwrap()
+        .unwrap()
+        .task
+        .unwrap();
+    assert_eq!(state(&next), pb::TaskState::Cancelled);
+    let end = tokio::time::timeout(Duration::from_secs(10), watch.message())
+        .await
+        .expect("stream ends");
+    assert!(
+        matches!(end, Ok(None)),
+        "the watch ends after a terminal state: {end:?}"
+    );
+
+    // Cancelling again is harmless and reports the end state.
+    let again = api
+        .cancel_task(pb::CancelTaskRequest {
+            task_id: id.clone(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task
+        .unwrap();
+    assert_eq!(state(&again), pb::TaskState::Cancelled);
+    node.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_delayed_task_waits_pending_then_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let mut api = api(node.grpc_addr).await;
+    let ledger = Ledger::default();
+    let w = counting_worker(&[node.grpc_addr], "w", 2, ledger.clone());
+    assert!(w.handle.wait_connected(Duration::from_secs(10)).await);
+
+    let resp = api
+        .submit_task(pb::SubmitTaskRequest {
+            handler: "echo".into(),
+            delay: Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let t = resp.task.unwrap();
+    assert_eq!(state(&t), pb::TaskState::Pending);
+    let run_at = t.run_at.unwrap();
+    let done = wait_for(
+        "the delayed task to succeed",
+        Duration::from_secs(20),
+        || {
+            let mut api = api.clone();
+            let id = resp.task_id.clone();
+            async move {
+                let t = get(&mut api, &id).await;
+                (state(&t) == pb::TaskState::Succeeded).then_some(t)
+            }
+        },
+    )
+    .await;
+    let started = done.attempts[0].start_time.unwrap();
+    let early = (started.seconds, started.nanos) < (run_at.seconds, run_at.nanos);
+    assert!(
+        !early,
+        "dispatched before its run_at: {started:?} < {run_at:?}"
+    );
+    w.shutdown.cancel();
+    let _ = w.join.await;
+    node.stop(Duration::from_secs(5)).await;
+}

@@ -1,0 +1,283 @@
+//! End to end over real gRPC on loopback, on a temporary SQLite file:
+//! submit → push → ACK → result, worker loss, ACK timeouts, least-active.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::*;
+use taskmesh::v1::{self as pb, connect_response::Message as Out};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_tasks_over_three_workers_each_run_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let ledger = Ledger::default();
+    let workers: Vec<TestWorker> = (0..3)
+        .map(|i| counting_worker(&[node.grpc_addr], &format!("w{i}"), 16, ledger.clone()))
+        .collect();
+    for w in &workers {
+        assert!(w.handle.wait_connected(Duration::from_secs(10)).await);
+    }
+
+    let mut api = api(node.grpc_addr).await;
+    let mut ids = Vec::new();
+    for i in 0..1_000 {
+        ids.push(submit(&mut api, "echo", format!("{{\"n\":{i}}}").as_bytes()).await);
+    }
+    let succeeded = wait_for("1000 tasks to succeed", Duration::from_secs(120), || {
+        let mut api = api.clone();
+        async move {
+            let resp = api
+                .list_tasks(pb::ListTasksRequest {
+                    state: pb::TaskState::Succeeded as i32,
+                    page_size: 1,
+                    ..Default::default()
+                })
+                .await
+                .ok()?;
+            let _ = resp;
+            let mut n = 0;
+            let mut token = String::new();
+            loop {
+                let page = api
+                    .list_tasks(pb::ListTasksRequest {
+                        state: pb::TaskState::Succeeded as i32,
+                        page_size: 1_000,
+                        page_token: token.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                    .ok()?
+                    .into_inner();
+                n += page.tasks.len();
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                token = page.next_page_token;
+            }
+            (n == 1_000).then_some(n)
+        }
+    })
+    .await;
+    assert_eq!(succeeded, 1_000);
+
+    let counts = ledger.all();
+    assert_eq!(counts.len(), 1_000, "every task executed");
+    let dupes: Vec<_> = counts.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(dupes.is_empty(), "tasks executed more than once: {dupes:?}");
+    let mut by_worker = std::collections::HashMap::<String, u32>::new();
+    for id in ids.iter().take(50) {
+        let t = get(&mut api, id).await;
+        assert_eq!(t.attempts.len(), 1, "one attempt: {t:?}");
+        assert_eq!(
+            t.output.as_ref().unwrap().data,
+            format!("{{\"n\":{}}}", ids.iter().position(|x| x == id).unwrap()).into_bytes()
+        );
+        *by_worker
+            .entry(t.attempts[0].worker_id.clone())
+            .or_default() += 1;
+    }
+    assert!(
+        by_worker.len() >= 2,
+        "work is spread over workers: {by_worker:?}"
+    );
+    for w in workers {
+        w.shutdown.cancel();
+        let _ = w.join.await;
+    }
+    node.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_a_killed_worker_process_finish_on_another_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let mut api = api(node.grpc_addr).await;
+
+    // Worker A is a real process: SIGKILL takes its stream down mid-task.
+    let log = std::fs::File::create(dir.path().join("worker-a.log")).unwrap();
+    let mut a = Child(
+        std::process::Command::new(binary())
+            .args(["worker", "--server", &format!("http://{}", node.grpc_addr)])
+            .args([
+                "--handlers",
+                "sleep",
+                "--concurrency",
+                "4",
+                "--worker-id",
+                "worker-a",
+            ])
+            .env_remove("TASKMESH_SERVER")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn worker"),
+    );
+    let ids: Vec<String> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(submit(&mut api, "sleep", br#"{"ms":4000}"#).await);
+        }
+        v
+    };
+    wait_for(
+        "4 tasks running on worker-a",
+        Duration::from_secs(30),
+        || {
+            let mut api = api.clone();
+            let ids = ids.clone();
+            async move {
+                for id in &ids {
+                    let t = get(&mut api, id).await;
+                    if state(&t) != pb::TaskState::Running || t.worker_id != "worker-a" {
+                        return None;
+                    }
+                }
+                Some(())
+            }
+        },
+    )
+    .await;
+    a.kill();
+
+    let ledger = Ledger::default();
+    let b = counting_worker(&[node.grpc_addr], "worker-b", 4, ledger);
+    for id in &ids {
+        let t = wait_for(
+            "task to succeed on worker-b",
+            Duration::from_secs(30),
+            || {
+                let mut api = api.clone();
+                let id = id.clone();
+                async move {
+                    let t = get(&mut api, &id).await;
+                    (state(&t) == pb::TaskState::Succeeded).then_some(t)
+                }
+            },
+        )
+        .await;
+        let first = &t.attempts[0];
+        assert_eq!(first.worker_id, "worker-a");
+        assert_eq!(
+            first.outcome,
+            pb::AttemptOutcome::WorkerLost as i32,
+            "{t:?}"
+        );
+        let last = t.attempts.last().unwrap();
+        assert_eq!(last.worker_id, "worker-b");
+        assert_eq!(last.outcome, pb::AttemptOutcome::Succeeded as i32);
+    }
+    b.shutdown.cancel();
+    let _ = b.join.await;
+    node.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_never_acked_is_taken_back_and_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = node_options(dir.path());
+    opts.dispatcher.ack_timeout = Duration::from_millis(300);
+    let node = start_node(opts).await;
+    let mut api = api(node.grpc_addr).await;
+
+    let mut silent = RawWorker::connect(node.grpc_addr, "silent", &["echo"], 1).await;
+    let id = submit(&mut api, "echo", b"{}").await;
+    let first = silent
+        .next_assign(Duration::from_secs(10))
+        .await
+        .expect("pushed to the silent worker");
+    assert_eq!(first.task_id, id);
+    // No ACK: after the ACK timeout the server takes it back and says so.
+    let cancel = loop {
+        match silent
+            .next(Duration::from_secs(10))
+            .await
+            .expect("a cancel after the ack timeout")
+        {
+            Out::Cancel(c) => break c,
+            _ => continue,
+        }
+    };
+    assert_eq!(cancel.execution_id, first.execution_id);
+
+    let ledger = Ledger::default();
+    let good = counting_worker(&[node.grpc_addr], "good", 1, ledger.clone());
+    let t = wait_for("the task to succeed", Duration::from_secs(30), || {
+        let mut api = api.clone();
+        let id = id.clone();
+        async move {
+            let t = get(&mut api, &id).await;
+            (state(&t) == pb::TaskState::Succeeded).then_some(t)
+        }
+    })
+    .await;
+    assert_eq!(t.attempts[0].outcome, pb::AttemptOutcome::AckTimeout as i32);
+    assert_eq!(t.attempts[0].execution_id, first.execution_id);
+    assert_eq!(t.attempts.last().unwrap().worker_id, "good");
+    assert_eq!(ledger.count(&id), 1);
+    // A late ACK of the taken-back attempt is refused.
+    silent.ack(&first).await;
+    let receipt = loop {
+        match silent.next(Duration::from_secs(10)).await {
+            Some(Out::Recorded(r)) => break r,
+            Some(_) => continue,
+            None => panic!("no receipt for the late ack"),
+        }
+    };
+    assert!(
+        !receipt.accepted,
+        "a stale ack must be refused: {receipt:?}"
+    );
+    good.shutdown.cancel();
+    let _ = good.join.await;
+    node.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_tasks_go_to_the_streams_with_fewer_active_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let mut api = api(node.grpc_addr).await;
+
+    // w1 gets three tasks and keeps them running.
+    let mut w1 = RawWorker::connect(node.grpc_addr, "w1", &["echo"], 10).await;
+    for _ in 0..3 {
+        submit(&mut api, "echo", b"{}").await;
+    }
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let a = w1
+            .next_assign(Duration::from_secs(10))
+            .await
+            .expect("w1 assignment");
+        w1.ack(&a).await;
+        held.push(a);
+    }
+    let mut w2 = RawWorker::connect(node.grpc_addr, "w2", &["echo"], 10).await;
+    let mut w3 = RawWorker::connect(node.grpc_addr, "w3", &["echo"], 10).await;
+
+    let mut new_ids = HashSet::new();
+    for _ in 0..4 {
+        new_ids.insert(submit(&mut api, "echo", b"{}").await);
+    }
+    let mut got2 = Vec::new();
+    let mut got3 = Vec::new();
+    while got2.len() + got3.len() < 4 {
+        tokio::select! {
+            Some(a) = w2.next_assign(Duration::from_secs(10)) => got2.push(a.task_id),
+            Some(a) = w3.next_assign(Duration::from_secs(10)) => got3.push(a.task_id),
+            else => panic!("the new tasks were not all pushed"),
+        }
+    }
+    // w1 (3 active) must get none; w2 and w3 share the four: 2 and 2.
+    assert!(
+        w1.next_assign(Duration::from_millis(300)).await.is_none(),
+        "the busy worker got a new task"
+    );
+    assert_eq!((got2.len(), got3.len()), (2, 2), "w2 {got2:?} w3 {got3:?}");
+    let all: HashSet<String> = got2.into_iter().chain(got3).collect();
+    assert_eq!(all, new_ids);
+    node.stop(Duration::from_secs(5)).await;
+}
