@@ -45,7 +45,9 @@ CREATE TABLE tasks (
     output_content_type  TEXT    NOT NULL,
     error_message        TEXT    NOT NULL,
     version              INTEGER NOT NULL,               -- compare-and-set key, bumped by every transition
-    traceparent          TEXT    NOT NULL
+    traceparent          TEXT    NOT NULL,
+    balancer             TEXT    NULL,                   -- Strategy override; NULL = the server's choice
+    schedule_id          TEXT    NULL                    -- the schedule that fired the task
 ) STRICT;
 
 -- Claims: "READY tasks of handler H, highest priority first, FIFO within a

@@ -20,4 +20,6 @@ pub use error::ErrorCode;
 pub use state::{
     AttemptChange, Event, ReleaseReason, TaskState, Transition, TransitionError, apply,
 };
-pub use task::{AttemptOutcome, AttemptRecord, NewTask, RetryPolicy, StateTimes, TaskRecord};
+pub use task::{
+    AttemptOutcome, AttemptRecord, NewTask, RetryPolicy, StateTimes, Strategy, TaskRecord,
+};

@@ -41,6 +41,54 @@ impl Default for RetryPolicy {
     }
 }
 
+/// How the dispatcher chooses among the streams that can take a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Strategy {
+    /// Fewest active tasks, ties broken round robin.
+    LeastActive,
+    /// Each eligible stream in turn.
+    RoundRobin,
+    /// Uniformly at random.
+    Random,
+    /// Smooth weighted round robin.
+    WeightedRoundRobin,
+    /// Consistent hash of the routing key.
+    ConsistentHash,
+    /// Lowest load figure.
+    EqualCost,
+}
+
+impl Strategy {
+    /// Every strategy.
+    pub const ALL: [Strategy; 6] = [
+        Strategy::LeastActive,
+        Strategy::RoundRobin,
+        Strategy::Random,
+        Strategy::WeightedRoundRobin,
+        Strategy::ConsistentHash,
+        Strategy::EqualCost,
+    ];
+
+    /// Stable text form used in the store and configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::LeastActive => "LEAST_ACTIVE",
+            Strategy::RoundRobin => "ROUND_ROBIN",
+            Strategy::Random => "RANDOM",
+            Strategy::WeightedRoundRobin => "WEIGHTED_ROUND_ROBIN",
+            Strategy::ConsistentHash => "CONSISTENT_HASH",
+            Strategy::EqualCost => "EQUAL_COST",
+        }
+    }
+
+    /// Parses [`Strategy::as_str`], case-insensitively.
+    pub fn parse(text: &str) -> Option<Self> {
+        Strategy::ALL
+            .into_iter()
+            .find(|s| s.as_str().eq_ignore_ascii_case(text))
+    }
+}
+
 /// A validated request to create a task.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NewTask {
@@ -70,6 +118,10 @@ pub struct NewTask {
     pub run_at: UnixMillis,
     /// W3C traceparent of the submitter, empty for none.
     pub traceparent: String,
+    /// Balancer override; `None` means the server's choice for the handler.
+    pub balancer: Option<Strategy>,
+    /// The schedule that fired this task, if any.
+    pub schedule_id: Option<String>,
 }
 
 impl NewTask {
@@ -87,6 +139,7 @@ impl NewTask {
             labels: &'a BTreeMap<String, String>,
             routing_key: &'a str,
             callback_url: &'a str,
+            balancer: Option<Strategy>,
             retry: &'a RetryPolicy,
             timeout_ms: i64,
             run_at: Option<UnixMillis>,
@@ -99,6 +152,7 @@ impl NewTask {
             labels: &self.labels,
             routing_key: &self.routing_key,
             callback_url: &self.callback_url,
+            balancer: self.balancer,
             retry: &self.retry,
             timeout_ms: self.timeout_ms,
             run_at: requested_run_at,
@@ -149,6 +203,8 @@ impl NewTask {
             error_message: String::new(),
             version: 1,
             traceparent: self.traceparent,
+            balancer: self.balancer,
+            schedule_id: self.schedule_id,
             attempts: Vec::new(),
         }
     }
@@ -229,6 +285,10 @@ pub struct TaskRecord {
     pub version: i64,
     /// W3C traceparent of the submitter.
     pub traceparent: String,
+    /// Balancer override; `None` means the server's choice for the handler.
+    pub balancer: Option<Strategy>,
+    /// The schedule that fired this task, if any.
+    pub schedule_id: Option<String>,
     /// Attempts, oldest first (may be left empty by list queries).
     pub attempts: Vec<AttemptRecord>,
 }

@@ -3,7 +3,7 @@
 
 use prost_types::{Duration, Timestamp};
 use taskmesh::v1 as pb;
-use taskmesh_core::{AttemptOutcome, TaskRecord, TaskState, UnixMillis};
+use taskmesh_core::{AttemptOutcome, Strategy, TaskRecord, TaskState, UnixMillis};
 
 /// Milliseconds since the epoch as a protobuf Timestamp.
 pub fn timestamp(ms: UnixMillis) -> Timestamp {
@@ -70,6 +70,32 @@ pub fn state_from_pb(state: pb::TaskState) -> Option<TaskState> {
         pb::TaskState::TimedOut => TaskState::TimedOut,
         pb::TaskState::Cancelled => TaskState::Cancelled,
     })
+}
+
+/// The domain form of a wire strategy; `None` for UNSPECIFIED.
+pub fn strategy_from_pb(s: pb::BalancerStrategy) -> Option<Strategy> {
+    Some(match s {
+        pb::BalancerStrategy::Unspecified => return None,
+        pb::BalancerStrategy::LeastActive => Strategy::LeastActive,
+        pb::BalancerStrategy::RoundRobin => Strategy::RoundRobin,
+        pb::BalancerStrategy::Random => Strategy::Random,
+        pb::BalancerStrategy::WeightedRoundRobin => Strategy::WeightedRoundRobin,
+        pb::BalancerStrategy::ConsistentHash => Strategy::ConsistentHash,
+        pb::BalancerStrategy::EqualCost => Strategy::EqualCost,
+    })
+}
+
+/// The wire form of a strategy.
+pub fn strategy_to_pb(s: Option<Strategy>) -> pb::BalancerStrategy {
+    match s {
+        None => pb::BalancerStrategy::Unspecified,
+        Some(Strategy::LeastActive) => pb::BalancerStrategy::LeastActive,
+        Some(Strategy::RoundRobin) => pb::BalancerStrategy::RoundRobin,
+        Some(Strategy::Random) => pb::BalancerStrategy::Random,
+        Some(Strategy::WeightedRoundRobin) => pb::BalancerStrategy::WeightedRoundRobin,
+        Some(Strategy::ConsistentHash) => pb::BalancerStrategy::ConsistentHash,
+        Some(Strategy::EqualCost) => pb::BalancerStrategy::EqualCost,
+    }
 }
 
 fn outcome_to_pb(outcome: Option<AttemptOutcome>) -> pb::AttemptOutcome {
@@ -146,6 +172,10 @@ pub fn task_to_pb(t: &TaskRecord) -> pb::Task {
         run_count: t.run_count,
         execution_id: t.execution_id.clone().unwrap_or_default(),
         worker_id: t.worker_id.clone().unwrap_or_default(),
+        balancer: strategy_to_pb(t.balancer) as i32,
+        schedule_id: t.schedule_id.clone().unwrap_or_default(),
+        traceparent: t.traceparent.clone(),
+        callback: None,
     }
 }
 

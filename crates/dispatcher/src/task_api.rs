@@ -6,7 +6,9 @@ use std::pin::Pin;
 
 use futures::Stream;
 use taskmesh::v1 as pb;
-use taskmesh_core::{Event, NewTask, RetryPolicy, TaskState, UnixMillis, id, task, validate};
+use taskmesh_core::{
+    Event, NewTask, RetryPolicy, Strategy, TaskState, UnixMillis, id, task, validate,
+};
 use taskmesh_store::TaskFilter;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -34,6 +36,11 @@ impl TaskApiService {
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
+}
+
+/// Parts of the contract this server does not serve yet say so plainly.
+fn not_yet(what: &str) -> Status {
+    Status::unimplemented(format!("{what} are not implemented by this server yet"))
 }
 
 fn task_id_of(text: &str) -> Result<String, Error> {
@@ -105,9 +112,17 @@ fn new_task(
             timeout_ms,
             run_at: requested_run_at.unwrap_or(now),
             traceparent,
+            balancer: strategy_from_pb(req.balancer)?,
+            schedule_id: None,
         },
         fingerprint_run_at,
     ))
+}
+
+fn strategy_from_pb(value: i32) -> Result<Option<Strategy>, Error> {
+    let b = pb::BalancerStrategy::try_from(value)
+        .map_err(|_| invalid(format!("balancer {value} is not a known BalancerStrategy")))?;
+    Ok(crate::convert::strategy_from_pb(b))
 }
 
 fn retry_policy(p: Option<pb::RetryPolicy>) -> Result<RetryPolicy, Error> {
@@ -376,6 +391,100 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn submit_tasks(
+        &self,
+        request: Request<pb::SubmitTasksRequest>,
+    ) -> Result<Response<pb::SubmitTasksResponse>, Status> {
+        let (meta, _, req) = request.into_parts();
+        if req.tasks.is_empty() || req.tasks.len() > 10_000 {
+            return Err(invalid(format!(
+                "tasks must hold 1 to 10000 entries, got {}",
+                req.tasks.len()
+            ))
+            .into());
+        }
+        let mut results = Vec::with_capacity(req.tasks.len());
+        for task in req.tasks {
+            let one = Request::from_parts(meta.clone(), Default::default(), task);
+            results.push(match self.submit_task(one).await {
+                Ok(resp) => pb::SubmitTasksResult {
+                    accepted: Some(resp.into_inner()),
+                    error_code: 0,
+                    error_message: String::new(),
+                },
+                Err(status) => pb::SubmitTasksResult {
+                    accepted: None,
+                    error_code: status.code() as i32,
+                    error_message: status.message().to_string(),
+                },
+            });
+        }
+        Ok(Response::new(pb::SubmitTasksResponse { results }))
+    }
+
+    async fn create_schedule(
+        &self,
+        _request: Request<pb::CreateScheduleRequest>,
+    ) -> Result<Response<pb::CreateScheduleResponse>, Status> {
+        Err(not_yet("schedules"))
+    }
+
+    async fn get_schedule(
+        &self,
+        _request: Request<pb::GetScheduleRequest>,
+    ) -> Result<Response<pb::GetScheduleResponse>, Status> {
+        Err(not_yet("schedules"))
+    }
+
+    async fn list_schedules(
+        &self,
+        _request: Request<pb::ListSchedulesRequest>,
+    ) -> Result<Response<pb::ListSchedulesResponse>, Status> {
+        Err(not_yet("schedules"))
+    }
+
+    async fn update_schedule(
+        &self,
+        _request: Request<pb::UpdateScheduleRequest>,
+    ) -> Result<Response<pb::UpdateScheduleResponse>, Status> {
+        Err(not_yet("schedules"))
+    }
+
+    async fn delete_schedule(
+        &self,
+        _request: Request<pb::DeleteScheduleRequest>,
+    ) -> Result<Response<pb::DeleteScheduleResponse>, Status> {
+        Err(not_yet("schedules"))
+    }
+
+    async fn pause_schedule(
+        &self,
+        _request: Request<pb::PauseScheduleRequest>,
+    ) -> Result<Response<pb::PauseScheduleResponse>, Status> {
+        Err(not_yet("schedules"))
+    }
+
+    async fn resume_schedule(
+        &self,
+        _request: Request<pb::ResumeScheduleRequest>,
+    ) -> Result<Response<pb::ResumeScheduleResponse>, Status> {
+        Err(not_yet("schedules"))
+    }
+
+    async fn trigger_schedule(
+        &self,
+        _request: Request<pb::TriggerScheduleRequest>,
+    ) -> Result<Response<pb::TriggerScheduleResponse>, Status> {
+        Err(not_yet("schedules"))
+    }
+
+    async fn list_circuit_breakers(
+        &self,
+        _request: Request<pb::ListCircuitBreakersRequest>,
+    ) -> Result<Response<pb::ListCircuitBreakersResponse>, Status> {
+        Err(not_yet("circuit breakers"))
     }
 
     async fn list_workers(

@@ -97,6 +97,8 @@ pub fn new_task(handler: &str) -> NewTask {
         timeout_ms: 60_000,
         run_at: T0,
         traceparent: String::new(),
+        balancer: None,
+        schedule_id: None,
     }
 }
 

@@ -31,7 +31,8 @@ macro_rules! task_columns {
          initial_backoff_ms, backoff_multiplier, max_backoff_ms, timeout_ms, run_at, \
          created_at, updated_at, pending_at, ready_at, dispatching_at, running_at, \
          retrying_at, ended_at, attempt, run_count, execution_id, worker_id, next_at, \
-         output, output_content_type, error_message, version, traceparent"
+         output, output_content_type, error_message, version, traceparent, balancer, \
+         schedule_id"
     };
 }
 

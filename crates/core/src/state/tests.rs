@@ -21,6 +21,8 @@ fn new_task(run_at: UnixMillis, max_attempts: u32) -> TaskRecord {
         timeout_ms: 1_000,
         run_at,
         traceparent: String::new(),
+        balancer: None,
+        schedule_id: None,
     }
     .into_record(100)
 }

@@ -35,6 +35,8 @@ pub async fn create_get_round_trip(fixture: &dyn StoreFixture) {
         timeout_ms: 12_345,
         run_at: T0 + 1_000,
         traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+        balancer: Some(taskmesh_core::Strategy::ConsistentHash),
+        schedule_id: Some("sched-1".into()),
         ..new_task("round-trip")
     };
     let expected = task.clone().into_record(T0);

@@ -8,7 +8,7 @@ use std::fmt::Display;
 use sqlx::Row;
 use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteRow};
 use taskmesh_core::{
-    AttemptOutcome, AttemptRecord, RetryPolicy, StateTimes, TaskRecord, TaskState,
+    AttemptOutcome, AttemptRecord, RetryPolicy, StateTimes, Strategy, TaskRecord, TaskState,
 };
 
 use crate::{Error, Result};
@@ -23,8 +23,9 @@ pub(super) const INSERT_TASK: &str = "INSERT INTO tasks (id, client_request_id, 
     callback_url, max_attempts, initial_backoff_ms, backoff_multiplier, max_backoff_ms, \
     timeout_ms, run_at, created_at, updated_at, pending_at, ready_at, dispatching_at, \
     running_at, retrying_at, ended_at, attempt, run_count, execution_id, worker_id, next_at, \
-    output, output_content_type, error_message, version, traceparent) VALUES (?, ?, ?, \
-    ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    output, output_content_type, error_message, version, traceparent, balancer, schedule_id) \
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, \
+    ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// Rewrites a whole task row (body columns in [`bind_body`] order), then
 /// `WHERE id = ? AND version = ?`: the compare-and-set.
@@ -34,8 +35,8 @@ pub(super) const UPDATE_TASK_CAS: &str = "UPDATE tasks SET handler = ?, payload 
     timeout_ms = ?, run_at = ?, created_at = ?, updated_at = ?, pending_at = ?, ready_at = ?, \
     dispatching_at = ?, running_at = ?, retrying_at = ?, ended_at = ?, attempt = ?, \
     run_count = ?, execution_id = ?, worker_id = ?, next_at = ?, output = ?, \
-    output_content_type = ?, error_message = ?, version = ?, traceparent = ? \
-    WHERE id = ? AND version = ?";
+    output_content_type = ?, error_message = ?, version = ?, traceparent = ?, balancer = ?, \
+    schedule_id = ? WHERE id = ? AND version = ?";
 
 /// Binds every column of `task` except id, client_request_id and
 /// request_fingerprint (which never change after insert), in the order of
@@ -75,7 +76,9 @@ pub(super) fn bind_body<'q>(q: SqliteQuery<'q>, task: &TaskRecord) -> Result<Sql
         .bind(task.output_content_type.clone())
         .bind(task.error_message.clone())
         .bind(task.version)
-        .bind(task.traceparent.clone()))
+        .bind(task.traceparent.clone())
+        .bind(task.balancer.map(|b| b.as_str()))
+        .bind(task.schedule_id.clone()))
 }
 
 /// Reads a task (attempts left empty) from a row of `task_columns!()`.
@@ -157,6 +160,11 @@ fn decode_task(row: &SqliteRow, id: &str) -> Result<TaskRecord, String> {
         error_message: text("error_message")?,
         version: int("version")?,
         traceparent: text("traceparent")?,
+        balancer: match opt_text("balancer")? {
+            None => None,
+            Some(b) => Some(Strategy::parse(&b).ok_or_else(|| format!("unknown balancer {b:?}"))?),
+        },
+        schedule_id: opt_text("schedule_id")?,
         attempts: Vec::new(),
     })
 }
