@@ -24,10 +24,10 @@ pub enum Output {
 pub struct Common {
     /// Server URL (the first of a comma-separated list is used).
     #[arg(long, env = env::SERVER, default_value = "http://127.0.0.1:50051")]
-    server: String,
+    pub server: String,
     /// Output form.
     #[arg(long, short, value_enum, default_value_t = Output::Text)]
-    output: Output,
+    pub output: Output,
 }
 
 /// `taskmesh submit`.
@@ -97,7 +97,7 @@ pub struct CancelArgs {
     common: Common,
 }
 
-async fn client(common: &Common) -> anyhow::Result<TaskApiClient<Channel>> {
+pub async fn connect(common: &Common) -> anyhow::Result<TaskApiClient<Channel>> {
     let url = common
         .server
         .split(',')
@@ -114,11 +114,11 @@ async fn client(common: &Common) -> anyhow::Result<TaskApiClient<Channel>> {
     Ok(TaskApiClient::new(channel))
 }
 
-fn status_error(status: tonic::Status) -> anyhow::Error {
+pub fn status_error(status: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", status.code(), status.message())
 }
 
-fn to_duration(d: Duration) -> prost_types::Duration {
+pub fn to_duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration {
         seconds: d.as_secs() as i64,
         nanos: d.subsec_nanos() as i32,
@@ -126,7 +126,7 @@ fn to_duration(d: Duration) -> prost_types::Duration {
 }
 
 /// Prints a message as proto3 JSON using the contract's descriptors.
-fn print_json<M: Message>(msg: &M, full_name: &str) -> anyhow::Result<()> {
+pub fn print_json<M: Message>(msg: &M, full_name: &str) -> anyhow::Result<()> {
     let pool = prost_reflect::DescriptorPool::decode(taskmesh::FILE_DESCRIPTOR_SET)?;
     let desc = pool
         .get_message_by_name(full_name)
@@ -162,7 +162,7 @@ fn print_task(t: &pb::Task) {
 
 /// `taskmesh submit`.
 pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
-    let mut api = client(&args.common).await?;
+    let mut api = connect(&args.common).await?;
     let content_type = if serde_json::from_str::<serde_json::Value>(&args.payload).is_ok() {
         "application/json"
     } else {
@@ -200,7 +200,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
 
 /// `taskmesh get`.
 pub async fn get(args: GetArgs) -> anyhow::Result<()> {
-    let mut api = client(&args.common).await?;
+    let mut api = connect(&args.common).await?;
     let resp = api
         .get_task(pb::GetTaskRequest {
             task_id: args.task_id,
@@ -230,7 +230,7 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
             })?
         }
     };
-    let mut api = client(&args.common).await?;
+    let mut api = connect(&args.common).await?;
     let resp = api
         .list_tasks(pb::ListTasksRequest {
             state: state as i32,
@@ -267,7 +267,7 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
 
 /// `taskmesh cancel`.
 pub async fn cancel(args: CancelArgs) -> anyhow::Result<()> {
-    let mut api = client(&args.common).await?;
+    let mut api = connect(&args.common).await?;
     let resp = api
         .cancel_task(pb::CancelTaskRequest {
             task_id: args.task_id,

@@ -25,3 +25,9 @@ pub const CONCURRENCY: &str = "TASKMESH_CONCURRENCY";
 pub const LOG_FORMAT: &str = "TASKMESH_LOG_FORMAT";
 /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
 pub const LOG: &str = "TASKMESH_LOG";
+/// Trigger engine of the scheduler: "wheel" (default) or "poll" (`serve`).
+pub const TRIGGER_ENGINE: &str = "TASKMESH_TRIGGER_ENGINE";
+/// Interval of the polling trigger engine (`serve`), e.g. "500ms".
+pub const POLL_INTERVAL: &str = "TASKMESH_POLL_INTERVAL";
+/// A schedule fire time further behind than this counts as missed (`serve`).
+pub const MISFIRE_THRESHOLD: &str = "TASKMESH_MISFIRE_THRESHOLD";

@@ -2,6 +2,7 @@
 
 mod client;
 mod logging;
+mod schedule_cmd;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,6 +38,8 @@ enum Command {
     List(client::ListArgs),
     /// Cancel a task.
     Cancel(client::CancelArgs),
+    /// Manage schedules (cron, fixed rate, fixed delay).
+    Schedule(schedule_cmd::ScheduleArgs),
 }
 
 #[derive(Debug, Args)]
@@ -62,6 +65,17 @@ struct ServeArgs {
     /// gRPC requests in flight before new ones are refused with RESOURCE_EXHAUSTED.
     #[arg(long, env = env::MAX_CONCURRENT_REQUESTS, default_value_t = 1024)]
     max_concurrent_requests: usize,
+    /// Trigger engine: "wheel" (in-memory timing wheel, ~1 ms late) or
+    /// "poll" (database polling every --poll-interval).
+    #[arg(long, env = env::TRIGGER_ENGINE, default_value = "wheel", value_parser = ["wheel", "poll"])]
+    trigger_engine: String,
+    /// Interval of the polling trigger engine.
+    #[arg(long, env = env::POLL_INTERVAL, default_value = "500ms", value_parser = humantime::parse_duration)]
+    poll_interval: Duration,
+    /// A schedule fire time further behind than this when handled counts as
+    /// missed, and the schedule's misfire policy applies.
+    #[arg(long, env = env::MISFIRE_THRESHOLD, default_value = "5s", value_parser = humantime::parse_duration)]
+    misfire_threshold: Duration,
     /// Also run an in-process worker with the built-in handlers.
     #[arg(long)]
     with_worker: bool,
@@ -120,6 +134,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Get(args) => client::get(args).await,
         Command::List(args) => client::list(args).await,
         Command::Cancel(args) => client::cancel(args).await,
+        Command::Schedule(args) => schedule_cmd::run(args).await,
     }
 }
 
@@ -133,6 +148,10 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
     opts.dispatcher.heartbeat_interval = args.heartbeat_interval;
     opts.dispatcher.max_payload_bytes = args.max_payload_bytes;
     opts.dispatcher.max_concurrent_requests = args.max_concurrent_requests;
+    opts.scheduler.engine = taskmesh_scheduler::EngineKind::parse(&args.trigger_engine)
+        .ok_or_else(|| anyhow::anyhow!("unknown trigger engine {:?}", args.trigger_engine))?;
+    opts.scheduler.poll_interval = args.poll_interval;
+    opts.scheduler.misfire_threshold = args.misfire_threshold;
     if dev || args.with_worker {
         opts.with_worker = Some(args.worker_concurrency);
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::{Router, http::StatusCode, routing::get};
 use taskmesh_coord::{Coordinator, LocalCoordinator};
+use taskmesh_core::breaker::{BreakerOptions, Breakers};
 use taskmesh_core::{Clock, SystemClock};
 use taskmesh_dispatcher::{Dispatcher, DispatcherOptions};
 use taskmesh_scheduler::{Scheduler, SchedulerOptions};
@@ -133,11 +134,13 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         Arc::new(LocalCoordinator::with_clock(node_id, clock.clone()));
 
     let (reaped_tx, reaped_rx) = tokio::sync::mpsc::channel(1024);
+    let breakers = Breakers::new(BreakerOptions::default());
     let scheduler = Scheduler::build(
         opts.scheduler.clone(),
         store.clone(),
         coord.clone(),
         clock.clone(),
+        breakers.clone(),
         reaped_tx,
     );
     let dispatcher = Dispatcher::build(
@@ -146,6 +149,7 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         coord.clone(),
         clock.clone(),
         scheduler.handle(),
+        breakers,
         reaped_rx,
     );
     dispatcher

@@ -7,12 +7,15 @@
 //! function [`state::apply`]; the store only persists its result with a
 //! compare-and-set on the task's version.
 
+pub mod breaker;
 pub mod clock;
 pub mod error;
 pub mod id;
 pub mod retry;
+pub mod schedule;
 pub mod state;
 pub mod task;
+pub mod timetable;
 pub mod validate;
 
 pub use clock::{Clock, FakeClock, SystemClock, UnixMillis};

@@ -162,6 +162,13 @@ pub enum Event {
         /// Jitter draw in `[0, 1)` for the backoff.
         jitter: f64,
     },
+    /// A waiting task's time moves later (a retry held by an open circuit
+    /// breaker). Never earlier: `until` before the current `next_at` is
+    /// refused.
+    Defer {
+        /// The new instant.
+        until: UnixMillis,
+    },
     /// A caller cancelled the task.
     Cancel {
         /// Why.
@@ -230,6 +237,7 @@ impl Event {
             Event::Fail { .. } => "fail",
             Event::Release { .. } => "release",
             Event::TimeOut { .. } => "time out",
+            Event::Defer { .. } => "defer",
             Event::Cancel { .. } => "cancel",
         }
     }
@@ -383,6 +391,13 @@ pub fn apply(
             } else {
                 enter(&mut next, TimedOut, now);
             }
+        }
+        Event::Defer { until } => {
+            if !matches!(task.state, Pending | Retrying) || task.next_at.is_some_and(|n| *until < n)
+            {
+                return Err(illegal());
+            }
+            next.next_at = Some(*until);
         }
         Event::Cancel { reason } => {
             if task.state.is_in_flight() {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use taskmesh::v1 as pb;
 use taskmesh_coord::Coordinator;
+use taskmesh_core::breaker::Breakers;
 use taskmesh_core::{Clock, Event, ReleaseReason, TaskRecord, TaskState, id};
 use taskmesh_scheduler::{Reaped, SchedulerHandle};
 use taskmesh_store::{Claim, Store};
@@ -41,6 +42,8 @@ pub struct Shared {
     pub wake: Arc<Notify>,
     /// Wakes the scheduler: a task with a near deadline was written.
     pub scheduler: SchedulerHandle,
+    /// Circuit breakers per handler: results are recorded here.
+    pub breakers: Breakers,
 }
 
 impl Shared {
@@ -53,7 +56,15 @@ impl Shared {
         event: Event,
     ) -> Result<TaskRecord, taskmesh_store::Error> {
         let now = self.clock.now_millis();
+        let outcome = match &event {
+            Event::Succeed { .. } => Some(true),
+            Event::Fail { .. } => Some(false),
+            _ => None,
+        };
         let result = self.store.transition(task_id, &event, now).await;
+        if let (Some(success), Ok(task)) = (outcome, &result) {
+            self.breakers.record(&task.handler, success, now);
+        }
         // Free the slot whatever the store said: a refused event means the
         // attempt had already ended by another path.
         if self.registry.finish(execution_id).is_some() {
@@ -138,6 +149,18 @@ fn on_reaped(shared: &Shared, reaped: Reaped) {
                 &task_id,
                 &execution_id,
                 "execution timeout",
+            );
+        }
+        Reaped::Cancelled {
+            task_id,
+            execution_id,
+        } => {
+            let ended = shared.registry.finish(&execution_id);
+            shared.send_cancel(
+                ended.map(|e| e.tx),
+                &task_id,
+                &execution_id,
+                "cancelled by its schedule (overlap)",
             );
         }
     }

@@ -11,6 +11,7 @@ mod engine;
 mod error;
 pub mod layers;
 mod registry;
+mod schedule_api;
 mod stream;
 mod task_api;
 
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use taskmesh::v1::{dispatcher_server::DispatcherServer, task_api_server::TaskApiServer};
 use taskmesh_coord::Coordinator;
+use taskmesh_core::breaker::Breakers;
 use taskmesh_core::{Clock, Event, ReleaseReason};
 use taskmesh_scheduler::{Reaped, SchedulerHandle};
 use taskmesh_store::Store;
@@ -81,6 +83,7 @@ impl Dispatcher {
         coord: Arc<dyn Coordinator>,
         clock: Arc<dyn Clock>,
         scheduler: SchedulerHandle,
+        breakers: Breakers,
         reaped: mpsc::Receiver<Reaped>,
     ) -> Self {
         Self {
@@ -92,6 +95,7 @@ impl Dispatcher {
                 registry: Registry::default(),
                 wake: Arc::new(Notify::new()),
                 scheduler,
+                breakers,
             },
             reaped,
         }

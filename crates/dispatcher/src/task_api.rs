@@ -19,6 +19,7 @@ use crate::{
     Error,
     convert::{duration_millis, millis_of, state_from_pb, task_to_pb},
     engine::Shared,
+    schedule_api,
 };
 
 /// The `TaskApi` service.
@@ -36,11 +37,6 @@ impl TaskApiService {
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
-}
-
-/// Parts of the contract this server does not serve yet say so plainly.
-fn not_yet(what: &str) -> Status {
-    Status::unimplemented(format!("{what} are not implemented by this server yet"))
 }
 
 fn task_id_of(text: &str) -> Result<String, Error> {
@@ -125,7 +121,7 @@ fn strategy_from_pb(value: i32) -> Result<Option<Strategy>, Error> {
     Ok(crate::convert::strategy_from_pb(b))
 }
 
-fn retry_policy(p: Option<pb::RetryPolicy>) -> Result<RetryPolicy, Error> {
+pub(crate) fn retry_policy(p: Option<pb::RetryPolicy>) -> Result<RetryPolicy, Error> {
     let mut out = RetryPolicy::default();
     let Some(p) = p else { return Ok(out) };
     if p.max_attempts > 100 {
@@ -426,65 +422,164 @@ impl pb::task_api_server::TaskApi for TaskApiService {
 
     async fn create_schedule(
         &self,
-        _request: Request<pb::CreateScheduleRequest>,
+        request: Request<pb::CreateScheduleRequest>,
     ) -> Result<Response<pb::CreateScheduleResponse>, Status> {
-        Err(not_yet("schedules"))
+        let def = request
+            .into_inner()
+            .schedule
+            .ok_or_else(|| invalid("schedule is required"))?;
+        let s = schedule_api::create(&self.shared, def).await?;
+        info!(schedule_id = %s.id, kind = s.kind.as_str(), next_fire_at = ?s.next_fire_at, "schedule created");
+        Ok(Response::new(pb::CreateScheduleResponse {
+            schedule: Some(schedule_api::to_pb(&s)),
+        }))
     }
 
     async fn get_schedule(
         &self,
-        _request: Request<pb::GetScheduleRequest>,
+        request: Request<pb::GetScheduleRequest>,
     ) -> Result<Response<pb::GetScheduleResponse>, Status> {
-        Err(not_yet("schedules"))
+        let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
+        let s = schedule_api::load(&self.shared, &id).await?;
+        let fires = self
+            .shared
+            .store
+            .recent_fires(&id, 100)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::GetScheduleResponse {
+            schedule: Some(schedule_api::to_pb(&s)),
+            recent_fires: fires.iter().map(schedule_api::fire_to_pb).collect(),
+        }))
     }
 
     async fn list_schedules(
         &self,
-        _request: Request<pb::ListSchedulesRequest>,
+        request: Request<pb::ListSchedulesRequest>,
     ) -> Result<Response<pb::ListSchedulesResponse>, Status> {
-        Err(not_yet("schedules"))
+        let req = request.into_inner();
+        if req.page_size > 1_000 {
+            return Err(invalid("page_size must be at most 1000").into());
+        }
+        let after = if req.page_token.is_empty() {
+            None
+        } else {
+            Some(
+                id::parse_task_id(&req.page_token)
+                    .ok_or_else(|| invalid("page_token is not valid"))?,
+            )
+        };
+        let limit = if req.page_size == 0 {
+            100
+        } else {
+            req.page_size
+        };
+        let (page, next) = self
+            .shared
+            .store
+            .list_schedules(after.as_deref(), limit)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::ListSchedulesResponse {
+            schedules: page.iter().map(schedule_api::to_pb).collect(),
+            next_page_token: next.unwrap_or_default(),
+        }))
     }
 
     async fn update_schedule(
         &self,
-        _request: Request<pb::UpdateScheduleRequest>,
+        request: Request<pb::UpdateScheduleRequest>,
     ) -> Result<Response<pb::UpdateScheduleResponse>, Status> {
-        Err(not_yet("schedules"))
+        let req = request.into_inner();
+        let id = schedule_api::schedule_id_of(&req.schedule_id)?;
+        let def = req
+            .schedule
+            .ok_or_else(|| invalid("schedule is required"))?;
+        let shared = &self.shared;
+        let s = schedule_api::modify(shared, &id, |s, now| {
+            schedule_api::apply_definition(shared, s, def.clone())?;
+            schedule_api::restart_timetable(s, now)
+        })
+        .await?;
+        info!(schedule_id = %id, next_fire_at = ?s.next_fire_at, "schedule updated");
+        Ok(Response::new(pb::UpdateScheduleResponse {
+            schedule: Some(schedule_api::to_pb(&s)),
+        }))
     }
 
     async fn delete_schedule(
         &self,
-        _request: Request<pb::DeleteScheduleRequest>,
+        request: Request<pb::DeleteScheduleRequest>,
     ) -> Result<Response<pb::DeleteScheduleResponse>, Status> {
-        Err(not_yet("schedules"))
+        let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
+        if !self
+            .shared
+            .store
+            .delete_schedule(&id)
+            .await
+            .map_err(Error::from)?
+        {
+            return Err(Error::NotFound(format!("schedule {id} not found")).into());
+        }
+        info!(schedule_id = %id, "schedule deleted");
+        Ok(Response::new(pb::DeleteScheduleResponse {}))
     }
 
     async fn pause_schedule(
         &self,
-        _request: Request<pb::PauseScheduleRequest>,
+        request: Request<pb::PauseScheduleRequest>,
     ) -> Result<Response<pb::PauseScheduleResponse>, Status> {
-        Err(not_yet("schedules"))
+        let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
+        let s = schedule_api::modify(&self.shared, &id, |s, _| {
+            s.paused = true;
+            s.next_fire_at = None;
+            Ok(())
+        })
+        .await?;
+        info!(schedule_id = %id, "schedule paused");
+        Ok(Response::new(pb::PauseScheduleResponse {
+            schedule: Some(schedule_api::to_pb(&s)),
+        }))
     }
 
     async fn resume_schedule(
         &self,
-        _request: Request<pb::ResumeScheduleRequest>,
+        request: Request<pb::ResumeScheduleRequest>,
     ) -> Result<Response<pb::ResumeScheduleResponse>, Status> {
-        Err(not_yet("schedules"))
+        let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
+        let s = schedule_api::modify(&self.shared, &id, |s, now| {
+            if !s.paused {
+                return Ok(());
+            }
+            s.paused = false;
+            schedule_api::restart_timetable(s, now)
+        })
+        .await?;
+        info!(schedule_id = %id, next_fire_at = ?s.next_fire_at, "schedule resumed");
+        Ok(Response::new(pb::ResumeScheduleResponse {
+            schedule: Some(schedule_api::to_pb(&s)),
+        }))
     }
 
     async fn trigger_schedule(
         &self,
-        _request: Request<pb::TriggerScheduleRequest>,
+        request: Request<pb::TriggerScheduleRequest>,
     ) -> Result<Response<pb::TriggerScheduleResponse>, Status> {
-        Err(not_yet("schedules"))
+        let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
+        let task = schedule_api::trigger(&self.shared, &id).await?;
+        info!(schedule_id = %id, task_id = %task.id, "schedule triggered");
+        Ok(Response::new(pb::TriggerScheduleResponse {
+            task: Some(task_to_pb(&task)),
+        }))
     }
 
     async fn list_circuit_breakers(
         &self,
         _request: Request<pb::ListCircuitBreakersRequest>,
     ) -> Result<Response<pb::ListCircuitBreakersResponse>, Status> {
-        Err(not_yet("circuit breakers"))
+        Ok(Response::new(pb::ListCircuitBreakersResponse {
+            breakers: schedule_api::breakers(&self.shared),
+        }))
     }
 
     async fn list_workers(

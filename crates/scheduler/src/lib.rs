@@ -1,38 +1,58 @@
-//! Turning time into due tasks: PENDING and RETRYING tasks become READY when
-//! their instant passes; pushes not ACKed in time are taken back; attempts
-//! past their execution deadline are timed out. Only the holder of the
-//! leader lease does this.
+//! Turning time into due work: PENDING and RETRYING tasks become READY when
+//! their instant passes (retries held while their handler's circuit breaker
+//! is open), schedules fire by their timetable and misfire/overlap policies,
+//! pushes not ACKed in time are taken back, attempts past their execution
+//! deadline are timed out. Only the holder of the leader lease does this.
 //!
 //! Architecture invariant: the scheduler decides *when*, never *where*: it
-//! changes task states through the store and tells the dispatcher (through
-//! the [`Reaped`] channel) about attempts it ended, so the dispatcher can free
-//! the slot and cancel the worker's handler. It knows nothing of tonic.
+//! changes state through the store, which judges due-ness against its own
+//! clock (`next_at <= now`), so nothing fires early whatever the engine. It
+//! tells the dispatcher about attempts it ended through the [`Reaped`]
+//! channel, so the dispatcher frees the slot and cancels the worker's
+//! handler. It knows nothing of tonic.
+
+pub mod engine;
+mod fire;
+mod round;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use taskmesh_coord::Coordinator;
-use taskmesh_core::{Clock, Event, ReleaseReason, TaskState};
+use taskmesh_core::Clock;
+use taskmesh_core::breaker::Breakers;
 use taskmesh_store::Store;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
+
+pub use engine::{EngineKind, PollEngine, TriggerEngine, WheelEngine};
 
 /// How the scheduler runs.
 #[derive(Debug, Clone)]
 pub struct SchedulerOptions {
-    /// Longest sleep between rounds; a round also runs as soon as the next
-    /// known deadline passes or someone calls [`SchedulerHandle::wake`].
+    /// Which trigger engine decides when rounds run.
+    pub engine: EngineKind,
+    /// The polling engine's interval.
     pub poll_interval: Duration,
-    /// Most tasks handled per round.
+    /// How far ahead the timing wheel holds items.
+    pub wheel_horizon: Duration,
+    /// Most tasks or schedules handled per round.
     pub batch: usize,
+    /// A fire time further behind than this when handled counts as missed
+    /// (the misfire policy applies).
+    pub misfire_threshold: Duration,
 }
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
         Self {
-            poll_interval: Duration::from_millis(250),
+            engine: EngineKind::Wheel,
+            poll_interval: Duration::from_millis(500),
+            wheel_horizon: Duration::from_secs(60),
             batch: 512,
+            misfire_threshold: Duration::from_secs(5),
         }
     }
 }
@@ -54,6 +74,13 @@ pub enum Reaped {
         /// The ended attempt.
         execution_id: String,
     },
+    /// A schedule cancelled its previous run (overlap CANCEL_PREVIOUS).
+    Cancelled {
+        /// The task.
+        task_id: String,
+        /// The ended attempt.
+        execution_id: String,
+    },
 }
 
 /// A cheap handle to a running scheduler.
@@ -63,20 +90,24 @@ pub struct SchedulerHandle {
 }
 
 impl SchedulerHandle {
-    /// Runs a round now (e.g. a task with a near run_at was just created).
+    /// Runs a round now instead of at the engine's next wake.
     pub fn wake(&self) {
         self.wake.notify_one();
     }
 }
 
-/// The scheduler loop.
+/// The scheduler.
 pub struct Scheduler {
     opts: SchedulerOptions,
     store: Arc<dyn Store>,
     coord: Arc<dyn Coordinator>,
     clock: Arc<dyn Clock>,
+    breakers: Breakers,
     reaped: mpsc::Sender<Reaped>,
     handle: SchedulerHandle,
+    /// Set while fixed-delay schedules wait for runs to end, so a terminal
+    /// task change wakes a round.
+    awaiting_runs: AtomicBool,
 }
 
 impl Scheduler {
@@ -86,6 +117,7 @@ impl Scheduler {
         store: Arc<dyn Store>,
         coord: Arc<dyn Coordinator>,
         clock: Arc<dyn Clock>,
+        breakers: Breakers,
         reaped: mpsc::Sender<Reaped>,
     ) -> Self {
         Self {
@@ -93,8 +125,10 @@ impl Scheduler {
             store,
             coord,
             clock,
+            breakers,
             reaped,
             handle: SchedulerHandle::default(),
+            awaiting_runs: AtomicBool::new(true),
         }
     }
 
@@ -103,104 +137,82 @@ impl Scheduler {
         self.handle.clone()
     }
 
-    /// Runs rounds until `shutdown`.
-    pub async fn run(self, shutdown: CancellationToken) {
-        info!(node_id = self.coord.node_id(), "scheduler started");
-        loop {
-            let wait = match self.round().await {
-                Ok(wait) => wait,
-                Err(err) => {
-                    warn!(error = %err, "scheduler round failed");
-                    self.opts.poll_interval
-                }
-            };
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = self.handle.wake.notified() => {}
-                _ = tokio::time::sleep(wait) => {}
-            }
+    /// The engine these options ask for.
+    pub fn engine(&self) -> Box<dyn TriggerEngine> {
+        match self.opts.engine {
+            EngineKind::Poll => Box::new(PollEngine::new(self.opts.poll_interval)),
+            EngineKind::Wheel => Box::new(WheelEngine::new(
+                self.store.clone(),
+                self.clock.clone(),
+                self.opts.wheel_horizon,
+            )),
         }
-        info!("scheduler stopped");
     }
 
-    /// One round; returns how long to wait before the next.
-    pub async fn round(&self) -> Result<Duration, String> {
+    /// Runs rounds until `shutdown`, woken by the configured engine.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let engine = self.engine();
+        self.run_with(engine, shutdown).await;
+    }
+
+    /// Runs rounds until `shutdown`, woken by `engine`.
+    pub async fn run_with(self, mut engine: Box<dyn TriggerEngine>, shutdown: CancellationToken) {
+        info!(
+            node_id = self.coord.node_id(),
+            engine = engine.name(),
+            "scheduler started"
+        );
+        let mut changes = self.store.subscribe();
+        loop {
+            let (again, failed) = match self.round().await {
+                Ok(full) => (full, false),
+                Err(err) => {
+                    warn!(error = %err, "scheduler round failed");
+                    (false, true)
+                }
+            };
+            if again {
+                continue;
+            }
+            // Wait for a reason to run the next round.
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => {
+                        info!("scheduler stopped");
+                        return;
+                    }
+                    _ = self.handle.wake.notified() => break,
+                    _ = engine.next_wake() => break,
+                    // After a failed round (store or coordination down), try
+                    // again soon whatever the engine says.
+                    _ = tokio::time::sleep(Duration::from_secs(1)), if failed => break,
+                    change = changes.recv(), if self.awaiting_runs.load(Ordering::Relaxed) => {
+                        // A run ended: a fixed-delay schedule may now have its next time.
+                        match change {
+                            Ok(c) if c.state.is_terminal() => break,
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                            _ => continue,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One round at the clock's now, if this node holds the lease. Returns
+    /// true when a batch was full (more is due: run again at once).
+    pub async fn round(&self) -> Result<bool, String> {
         let Some(_lease) = self
             .coord
             .acquire_or_renew()
             .await
             .map_err(|e| e.to_string())?
         else {
-            return Ok(self.opts.poll_interval);
+            return Ok(false);
         };
         let now = self.clock.now_millis();
-        let due = self
-            .store
-            .due_tasks(now, self.opts.batch)
-            .await
-            .map_err(|e| e.to_string())?;
-        let full = due.len() == self.opts.batch;
-        let mut events = Vec::with_capacity(due.len());
-        for task in &due {
-            let exec = task.execution_id.clone().unwrap_or_default();
-            let event = match task.state {
-                TaskState::Pending | TaskState::Retrying => Event::Due,
-                TaskState::Dispatching => Event::Release {
-                    execution_id: exec,
-                    reason: ReleaseReason::AckTimeout,
-                    message: "no ACK within the ACK timeout".into(),
-                },
-                TaskState::Running => Event::TimeOut {
-                    execution_id: exec,
-                    jitter: rand::random::<f64>(),
-                },
-                _ => continue,
-            };
-            events.push((task.id.clone(), event));
-        }
-        if !events.is_empty() {
-            let results = self
-                .store
-                .transition_many(&events, now)
-                .await
-                .map_err(|e| e.to_string())?;
-            for ((task_id, event), result) in events.into_iter().zip(results) {
-                match (result, event) {
-                    (Ok(_), Event::Release { execution_id, .. }) => {
-                        info!(task_id = %task_id, execution_id = %execution_id, "ack timeout, task taken back");
-                        let _ = self
-                            .reaped
-                            .send(Reaped::AckTimeout {
-                                task_id,
-                                execution_id,
-                            })
-                            .await;
-                    }
-                    (Ok(_), Event::TimeOut { execution_id, .. }) => {
-                        info!(task_id = %task_id, execution_id = %execution_id, "attempt timed out");
-                        let _ = self
-                            .reaped
-                            .send(Reaped::TimedOut {
-                                task_id,
-                                execution_id,
-                            })
-                            .await;
-                    }
-                    (Ok(_), _) => debug!(task_id = %task_id, "task due"),
-                    // Lost a race with a worker's report: nothing to do.
-                    (Err(err), _) => debug!(task_id = %task_id, error = %err, "due event skipped"),
-                }
-            }
-        }
-        if full {
-            return Ok(Duration::ZERO);
-        }
-        let next = self.store.next_due_at().await.map_err(|e| e.to_string())?;
-        let now = self.clock.now_millis();
-        Ok(match next {
-            Some(at) if at <= now => Duration::ZERO,
-            Some(at) => Duration::from_millis((at - now) as u64).min(self.opts.poll_interval),
-            None => self.opts.poll_interval,
-        })
+        let tasks = self.tasks_round(now).await?;
+        let schedules = self.schedules_round(now).await?;
+        Ok(tasks >= self.opts.batch || schedules >= self.opts.batch)
     }
 }

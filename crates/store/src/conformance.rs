@@ -65,6 +65,11 @@ macro_rules! store_conformance_suite {
             transition_many_mixed,
             subscribe_sees_changes,
             survives_reopen,
+            schedule_crud_with_cas,
+            due_schedules_and_next_due,
+            fire_commit_is_atomic_and_idempotent,
+            fire_commit_cancels_the_previous_run,
+            awaiting_run_end_lists_fixed_delay_waiters,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -176,6 +181,7 @@ mod batch_watch;
 mod claims;
 mod create_list;
 mod lifecycle;
+mod schedules;
 mod scheduling;
 
 pub use batch_watch::{subscribe_sees_changes, survives_reopen, transition_many_mixed};
@@ -184,5 +190,10 @@ pub use create_list::{concurrent_idempotent_creates, idempotent_create, list_fil
 pub use lifecycle::{
     create_get_round_trip, full_life_records_attempts, missing_task_not_found,
     stale_execution_refused, terminal_stays_terminal,
+};
+pub use schedules::{
+    awaiting_run_end_lists_fixed_delay_waiters, due_schedules_and_next_due,
+    fire_commit_cancels_the_previous_run, fire_commit_is_atomic_and_idempotent,
+    schedule_crud_with_cas,
 };
 pub use scheduling::{due_tasks_after_run_at, in_flight_by_worker, ready_counts_by_handler};

@@ -11,6 +11,7 @@ mod error;
 pub mod sqlite;
 
 use async_trait::async_trait;
+use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
 use taskmesh_core::{Event, NewTask, TaskRecord, TaskState, UnixMillis};
 use tokio::sync::broadcast;
 
@@ -76,6 +77,42 @@ pub struct TaskChange {
     pub state: TaskState,
     /// Its new version.
     pub version: i64,
+    /// Its new `next_at` (the instant it next needs attention).
+    pub next_at: Option<UnixMillis>,
+}
+
+/// A committed change of a schedule, published after the commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleChange {
+    /// The schedule.
+    pub schedule_id: String,
+    /// Its next fire time while it is active (not paused, not deleted).
+    pub next_fire_at: Option<UnixMillis>,
+}
+
+/// Everything one handling of a due schedule writes, in one transaction.
+#[derive(Debug, Clone)]
+pub struct FireCommit {
+    /// The schedule as it must be written (version bumped).
+    pub schedule: ScheduleRecord,
+    /// The version it must still have (compare-and-set).
+    pub expected_version: i64,
+    /// Handled fire times.
+    pub fires: Vec<FireRecord>,
+    /// Tasks to create, each with its request fingerprint. A task whose
+    /// `client_request_id` exists already is not created again.
+    pub tasks: Vec<(NewTask, String)>,
+    /// A previous run to cancel first (overlap CANCEL_PREVIOUS).
+    pub cancel: Option<(String, Event)>,
+}
+
+/// What [`Store::commit_fires`] wrote.
+#[derive(Debug, Clone, Default)]
+pub struct FireCommitted {
+    /// Tasks created (or found, for a repeated fire key).
+    pub tasks: Vec<TaskRecord>,
+    /// The cancelled previous run as it was before the cancel, if any.
+    pub cancelled: Option<TaskRecord>,
 }
 
 /// How many READY candidates a claim for `limit` tasks looks at.
@@ -152,4 +189,57 @@ pub trait Store: Send + Sync + 'static {
 
     /// Checks the store answers.
     async fn ping(&self) -> Result<()>;
+
+    /// Creates a schedule ([`Error::AlreadyExists`] for a taken id).
+    async fn create_schedule(&self, schedule: &ScheduleRecord) -> Result<()>;
+
+    /// One schedule.
+    async fn get_schedule(&self, id: &str) -> Result<Option<ScheduleRecord>>;
+
+    /// Schedules in id order after `after_id`, at most `limit` (1..=1000),
+    /// and the id to continue from when more exist.
+    async fn list_schedules(
+        &self,
+        after_id: Option<&str>,
+        limit: u32,
+    ) -> Result<(Vec<ScheduleRecord>, Option<String>)>;
+
+    /// Rewrites a schedule if it still has `expected_version`; false when
+    /// it changed meanwhile (nothing written). [`Error::NotFound`] if gone.
+    async fn update_schedule(
+        &self,
+        schedule: &ScheduleRecord,
+        expected_version: i64,
+    ) -> Result<bool>;
+
+    /// Deletes a schedule and its fire records; false if there was none.
+    async fn delete_schedule(&self, id: &str) -> Result<bool>;
+
+    /// Active schedules whose next fire time has passed, earliest first.
+    async fn due_schedules(&self, now: UnixMillis, limit: usize) -> Result<Vec<ScheduleRecord>>;
+
+    /// The earliest next fire time of any active schedule.
+    async fn next_schedule_due_at(&self) -> Result<Option<UnixMillis>>;
+
+    /// Fixed-delay schedules waiting for their last run to end, with that
+    /// run's task (`None` if it is gone).
+    async fn schedules_awaiting_run_end(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(ScheduleRecord, Option<TaskRecord>)>>;
+
+    /// Writes one handling of a due schedule: the schedule (compare-and-set),
+    /// its fire records, the cancel of the previous run and the new tasks,
+    /// all or nothing. `Ok(None)` when the schedule changed meanwhile.
+    async fn commit_fires(
+        &self,
+        commit: FireCommit,
+        now: UnixMillis,
+    ) -> Result<Option<FireCommitted>>;
+
+    /// The most recent fires of a schedule, newest first.
+    async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>>;
+
+    /// Committed schedule changes (for the timing-wheel trigger engine).
+    fn subscribe_schedules(&self) -> broadcast::Receiver<ScheduleChange>;
 }

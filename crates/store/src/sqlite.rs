@@ -20,7 +20,7 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tokio::sync::broadcast;
 
-use crate::{Error, Result, TaskChange};
+use crate::{Error, Result, ScheduleChange, TaskChange};
 
 /// The `tasks` columns in the order [`rows::task_from_row`] reads them; a
 /// macro so it can be spliced into `concat!`-built static SQL.
@@ -37,6 +37,7 @@ macro_rules! task_columns {
 }
 
 mod rows;
+mod schedules;
 mod store_impl;
 #[cfg(test)]
 mod tests;
@@ -88,6 +89,8 @@ pub struct SqliteStore {
     reader: SqlitePool,
     /// Committed changes, sent after each commit.
     changes: broadcast::Sender<TaskChange>,
+    /// Committed schedule changes, sent after each commit.
+    schedule_changes: broadcast::Sender<ScheduleChange>,
 }
 
 impl SqliteStore {
@@ -128,17 +131,26 @@ impl SqliteStore {
 
         // Readers are read/write at the file level (so they can always map
         // the WAL index) but refuse writes with `query_only`.
+        // Every reader opened now and kept (no idle timeout or lifetime):
+        // reconnecting to a local file buys nothing, a lazy connect costs
+        // the first requests latency, and connects and reaper timers would
+        // disturb tests that run on tokio's paused clock.
         let reader = SqlitePoolOptions::new()
             .max_connections(opts.max_read_connections.max(1))
+            .min_connections(opts.max_read_connections.max(1))
+            .idle_timeout(None)
+            .max_lifetime(None)
             .connect_with(base.pragma("query_only", "ON"))
             .await?;
 
         let (changes, _) = broadcast::channel(CHANGE_CAPACITY);
+        let (schedule_changes, _) = broadcast::channel(CHANGE_CAPACITY);
         tracing::debug!(path = %opts.path.display(), synchronous_full = opts.synchronous_full, "opened SQLite store");
         Ok(Self {
             writer,
             reader,
             changes,
+            schedule_changes,
         })
     }
 

@@ -38,6 +38,7 @@ enum Step {
     Fail(bool, bool),
     Release(u8, bool),
     TimeOut(bool),
+    Defer(i64),
     Cancel,
 }
 
@@ -50,6 +51,7 @@ fn step() -> impl Strategy<Value = Step> {
         (any::<bool>(), any::<bool>()).prop_map(|(r, s)| Step::Fail(r, s)),
         (0u8..3, any::<bool>()).prop_map(|(r, s)| Step::Release(r, s)),
         any::<bool>().prop_map(Step::TimeOut),
+        (0i64..20_000).prop_map(Step::Defer),
         Just(Step::Cancel),
     ]
 }
@@ -96,6 +98,7 @@ fn to_event(task: &TaskRecord, step: &Step, n: usize) -> Event {
             execution_id: exec(*s),
             jitter: 0.5,
         },
+        Step::Defer(until) => Event::Defer { until: *until },
         Step::Cancel => Event::Cancel {
             reason: "test".into(),
         },

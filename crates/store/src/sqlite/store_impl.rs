@@ -11,7 +11,11 @@ use super::SqliteStore;
 use super::rows::task_from_row;
 use super::tx;
 use crate::error::is_unique_violation;
-use crate::{Chooser, Created, Error, Result, Store, TaskChange, TaskFilter, TaskPage};
+use crate::{
+    Chooser, Created, Error, FireCommit, FireCommitted, Result, ScheduleChange, Store, TaskChange,
+    TaskFilter, TaskPage,
+};
+use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
 
 /// Largest page [`Store::list_tasks`] returns.
 const MAX_PAGE: u32 = 1000;
@@ -47,11 +51,12 @@ pub(super) const READY_COUNTS_SQL: &str = "SELECT handler, COUNT(*) \
      FROM tasks INDEXED BY tasks_ready_claim \
      WHERE state = 'READY' GROUP BY handler ORDER BY handler";
 
-fn change_of(task: &TaskRecord) -> TaskChange {
+pub(super) fn change_of(task: &TaskRecord) -> TaskChange {
     TaskChange {
         task_id: task.id.clone(),
         state: task.state,
         version: task.version,
+        next_at: task.next_at,
     }
 }
 
@@ -100,7 +105,7 @@ pub(super) fn list_sql(filter: &TaskFilter) -> String {
 
 impl SqliteStore {
     /// Starts a write transaction on the writer, taking the write lock now.
-    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
+    pub(super) async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
         Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
     }
 
@@ -321,5 +326,64 @@ impl Store for SqliteStore {
     async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.reader).await?;
         Ok(())
+    }
+
+    async fn create_schedule(&self, schedule: &ScheduleRecord) -> Result<()> {
+        self.sched_create(schedule).await
+    }
+
+    async fn get_schedule(&self, id: &str) -> Result<Option<ScheduleRecord>> {
+        self.sched_get(id).await
+    }
+
+    async fn list_schedules(
+        &self,
+        after_id: Option<&str>,
+        limit: u32,
+    ) -> Result<(Vec<ScheduleRecord>, Option<String>)> {
+        self.sched_list(after_id, limit).await
+    }
+
+    async fn update_schedule(
+        &self,
+        schedule: &ScheduleRecord,
+        expected_version: i64,
+    ) -> Result<bool> {
+        self.sched_update(schedule, expected_version).await
+    }
+
+    async fn delete_schedule(&self, id: &str) -> Result<bool> {
+        self.sched_delete(id).await
+    }
+
+    async fn due_schedules(&self, now: UnixMillis, limit: usize) -> Result<Vec<ScheduleRecord>> {
+        self.sched_due(now, limit).await
+    }
+
+    async fn next_schedule_due_at(&self) -> Result<Option<UnixMillis>> {
+        self.sched_next_due().await
+    }
+
+    async fn schedules_awaiting_run_end(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(ScheduleRecord, Option<TaskRecord>)>> {
+        self.sched_awaiting(limit).await
+    }
+
+    async fn commit_fires(
+        &self,
+        commit: FireCommit,
+        now: UnixMillis,
+    ) -> Result<Option<FireCommitted>> {
+        self.sched_commit(commit, now).await
+    }
+
+    async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>> {
+        self.sched_recent_fires(schedule_id, limit).await
+    }
+
+    fn subscribe_schedules(&self) -> broadcast::Receiver<ScheduleChange> {
+        self.schedule_changes.subscribe()
     }
 }

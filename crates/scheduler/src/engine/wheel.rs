@@ -1,0 +1,183 @@
+//! The timing-wheel engine: every task `next_at` and schedule
+//! `next_fire_at` within a horizon sits in a `DelayQueue` (a hierarchical
+//! timing wheel) and wakes the scheduler at its instant.
+//!
+//! It is fed three ways: a load from the store at start and every
+//! `reload_every` (the safety net that also brings in items as they enter
+//! the horizon), and the store's task and schedule change streams for
+//! everything created, moved or deleted in between. A lagging change
+//! stream triggers a reload, so no change is lost for longer than a reload.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::{FutureExt, StreamExt};
+use taskmesh_core::{Clock, UnixMillis};
+use taskmesh_store::{ScheduleChange, Store, TaskChange};
+use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::time::Instant;
+use tokio_util::time::{DelayQueue, delay_queue};
+use tracing::{debug, warn};
+
+use super::TriggerEngine;
+
+/// Most items loaded per kind per reload.
+const LOAD_LIMIT: usize = 200_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Item {
+    Task(String),
+    Schedule(String),
+}
+
+/// The timing-wheel engine.
+pub struct WheelEngine {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    horizon_ms: i64,
+    reload_every: Duration,
+    queue: DelayQueue<Item>,
+    keys: HashMap<Item, (delay_queue::Key, UnixMillis)>,
+    tasks: broadcast::Receiver<TaskChange>,
+    schedules: broadcast::Receiver<ScheduleChange>,
+    next_reload: Instant,
+}
+
+impl WheelEngine {
+    /// A wheel over `store`, holding items due within `horizon`.
+    pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, horizon: Duration) -> Self {
+        let tasks = store.subscribe();
+        let schedules = store.subscribe_schedules();
+        let horizon = horizon.max(Duration::from_secs(1));
+        Self {
+            store,
+            clock,
+            horizon_ms: horizon.as_millis() as i64,
+            reload_every: horizon / 2,
+            queue: DelayQueue::new(),
+            keys: HashMap::new(),
+            tasks,
+            schedules,
+            next_reload: Instant::now(),
+        }
+    }
+
+    /// Items in the wheel (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// True when the wheel holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    fn upsert(&mut self, item: Item, at: Option<UnixMillis>) {
+        let now = self.clock.now_millis();
+        let at = at.filter(|at| *at <= now + self.horizon_ms);
+        match (self.keys.get(&item).copied(), at) {
+            (Some((key, old)), Some(at)) if old != at => {
+                self.queue.reset(&key, delay(now, at));
+                self.keys.insert(item, (key, at));
+            }
+            (Some(_), Some(_)) => {}
+            (Some((key, _)), None) => {
+                self.queue.remove(&key);
+                self.keys.remove(&item);
+            }
+            (None, Some(at)) => {
+                let key = self.queue.insert(item.clone(), delay(now, at));
+                self.keys.insert(item, (key, at));
+            }
+            (None, None) => {}
+        }
+    }
+
+    async fn reload(&mut self) {
+        let until = self.clock.now_millis() + self.horizon_ms;
+        self.next_reload = Instant::now() + self.reload_every;
+        let tasks = match self.store.due_tasks(until, LOAD_LIMIT).await {
+            Ok(t) => t,
+            Err(err) => {
+                warn!(error = %err, "timing wheel could not load tasks");
+                self.next_reload = Instant::now() + Duration::from_secs(1);
+                return;
+            }
+        };
+        let schedules = match self.store.due_schedules(until, LOAD_LIMIT).await {
+            Ok(s) => s,
+            Err(err) => {
+                warn!(error = %err, "timing wheel could not load schedules");
+                self.next_reload = Instant::now() + Duration::from_secs(1);
+                return;
+            }
+        };
+        for t in tasks {
+            self.upsert(Item::Task(t.id), t.next_at);
+        }
+        for s in schedules {
+            self.upsert(Item::Schedule(s.id), s.next_fire_at);
+        }
+        debug!(items = self.keys.len(), "timing wheel loaded");
+    }
+}
+
+fn delay(now: UnixMillis, at: UnixMillis) -> Duration {
+    Duration::from_millis(at.saturating_sub(now).max(0) as u64)
+}
+
+#[async_trait]
+impl TriggerEngine for WheelEngine {
+    fn name(&self) -> &'static str {
+        "wheel"
+    }
+
+    async fn next_wake(&mut self) {
+        loop {
+            if Instant::now() >= self.next_reload {
+                self.reload().await;
+            }
+            tokio::select! {
+                // Changes first: an item the last round handled is removed
+                // before its timer can wake a round for nothing.
+                biased;
+                change = self.tasks.recv() => match change {
+                    Ok(c) => self.upsert(Item::Task(c.task_id), c.next_at),
+                    Err(RecvError::Lagged(n)) => {
+                        debug!(missed = n, "timing wheel lagged behind task changes; reloading");
+                        self.next_reload = Instant::now();
+                    }
+                    Err(RecvError::Closed) => self.tasks = self.store.subscribe(),
+                },
+                change = self.schedules.recv() => match change {
+                    Ok(c) => self.upsert(Item::Schedule(c.schedule_id), c.next_fire_at),
+                    Err(RecvError::Lagged(n)) => {
+                        debug!(missed = n, "timing wheel lagged behind schedule changes; reloading");
+                        self.next_reload = Instant::now();
+                    }
+                    Err(RecvError::Closed) => self.schedules = self.store.subscribe_schedules(),
+                },
+                Some(expired) = self.queue.next(), if !self.queue.is_empty() => {
+                    let item = expired.into_inner();
+                    let Some((_, at)) = self.keys.remove(&item) else { continue };
+                    let now = self.clock.now_millis();
+                    if at > now {
+                        // The timer ran ahead of the clock: wait the rest.
+                        let key = self.queue.insert(item.clone(), delay(now, at));
+                        self.keys.insert(item, (key, at));
+                        continue;
+                    }
+                    // One round handles everything due: drop the other
+                    // entries that are already due too.
+                    while let Some(Some(more)) = self.queue.next().now_or_never() {
+                        self.keys.remove(more.get_ref());
+                    }
+                    return;
+                }
+                _ = tokio::time::sleep_until(self.next_reload) => {}
+            }
+        }
+    }
+}

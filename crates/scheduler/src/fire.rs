@@ -1,0 +1,180 @@
+//! Firing due schedules: plan the due fire times (misfire policy), apply the
+//! overlap policy against the previous run, and write everything in one
+//! store transaction keyed on the schedule's version. A fire time's task has
+//! a deterministic idempotency key, so even two schedulers racing (a deposed
+//! leader that has not noticed yet) cannot create two tasks for it.
+
+use taskmesh_core::schedule::{FireOutcome, FireRecord, OverlapPolicy, ScheduleRecord, plan_fires};
+use taskmesh_core::{Event, UnixMillis, id};
+use taskmesh_store::FireCommit;
+use tracing::{debug, info, warn};
+
+use crate::{Reaped, Scheduler};
+
+impl Scheduler {
+    /// Fires due schedules; returns how many were due.
+    pub(crate) async fn schedules_round(&self, now: UnixMillis) -> Result<usize, String> {
+        let due = self
+            .store
+            .due_schedules(now, self.opts.batch)
+            .await
+            .map_err(|e| e.to_string())?;
+        for schedule in &due {
+            if let Err(err) = self.fire(schedule, now).await {
+                warn!(schedule_id = %schedule.id, error = %err, "schedule fire failed");
+            }
+        }
+        self.fixed_delay_round(now).await?;
+        Ok(due.len())
+    }
+
+    async fn fire(&self, schedule: &ScheduleRecord, now: UnixMillis) -> Result<(), String> {
+        let plan = plan_fires(
+            schedule,
+            now,
+            self.opts.misfire_threshold.as_millis() as i64,
+        )?;
+        let mut next = schedule.clone();
+        next.version += 1;
+        next.updated_at = now;
+        next.next_fire_at = plan.next_fire_at;
+
+        // Is the previous run still going?
+        let mut previous_live = match &schedule.last_task_id {
+            Some(id) => self
+                .store
+                .get_task(id)
+                .await
+                .map_err(|e| e.to_string())?
+                .filter(|t| !t.state.is_terminal())
+                .map(|t| t.id),
+            None => None,
+        };
+        let mut commit = FireCommit {
+            schedule: next,
+            expected_version: schedule.version,
+            fires: Vec::with_capacity(plan.fires.len()),
+            tasks: Vec::new(),
+            cancel: None,
+        };
+        for planned in &plan.fires {
+            let mut record = FireRecord {
+                fire_at: planned.fire_at,
+                handled_at: now,
+                outcome: planned.outcome,
+                task_id: None,
+            };
+            if planned.outcome == FireOutcome::Created {
+                match (&previous_live, schedule.overlap) {
+                    (Some(_), OverlapPolicy::Skip) => record.outcome = FireOutcome::SkippedOverlap,
+                    (Some(prev), OverlapPolicy::CancelPrevious) => {
+                        // Only a run that existed before this round can be
+                        // cancelled here; one created in this very commit
+                        // is simply superseded by the next.
+                        if commit.cancel.is_none() && Some(prev) == schedule.last_task_id.as_ref() {
+                            commit.cancel = Some((
+                                prev.clone(),
+                                Event::Cancel {
+                                    reason: format!(
+                                        "cancelled by schedule {}: a new run started (overlap CANCEL_PREVIOUS)",
+                                        schedule.id
+                                    ),
+                                },
+                            ));
+                        }
+                        record.outcome = FireOutcome::CreatedCancelledPrevious;
+                    }
+                    _ => {}
+                }
+            }
+            if matches!(
+                record.outcome,
+                FireOutcome::Created | FireOutcome::CreatedCancelledPrevious
+            ) {
+                let task_id = id::new_task_id();
+                let task = schedule.new_task(task_id.clone(), planned.fire_at, now);
+                let fingerprint = task.request_fingerprint(Some(planned.fire_at));
+                commit.tasks.push((task, fingerprint));
+                record.task_id = Some(task_id.clone());
+                previous_live = Some(task_id.clone());
+                commit.schedule.last_task_id = Some(task_id);
+                commit.schedule.fire_count += 1;
+            } else {
+                commit.schedule.skipped_count += 1;
+            }
+            commit.schedule.last_fire_at = Some(planned.fire_at);
+            commit.fires.push(record);
+        }
+        let fired = commit.fires.len();
+        let Some(done) = self
+            .store
+            .commit_fires(commit, now)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            debug!(schedule_id = %schedule.id, "schedule changed meanwhile; its fire is left to the next round");
+            return Ok(());
+        };
+        if let Some(prev) = done.cancelled
+            && let Some(execution_id) = prev.execution_id
+        {
+            let _ = self
+                .reaped
+                .send(Reaped::Cancelled {
+                    task_id: prev.id,
+                    execution_id,
+                })
+                .await;
+        }
+        info!(
+            schedule_id = %schedule.id,
+            fires = fired,
+            created = done.tasks.len(),
+            next_fire_at = ?plan.next_fire_at,
+            "schedule fired"
+        );
+        if plan.next_fire_at.is_none()
+            && schedule.kind == taskmesh_core::schedule::ScheduleKind::FixedDelay
+        {
+            self.awaiting_runs
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Fixed-delay schedules whose last run ended get their next fire time.
+    async fn fixed_delay_round(&self, now: UnixMillis) -> Result<(), String> {
+        let waiting = self
+            .store
+            .schedules_awaiting_run_end(self.opts.batch)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.awaiting_runs
+            .store(!waiting.is_empty(), std::sync::atomic::Ordering::Relaxed);
+        for (schedule, task) in waiting {
+            let ended_at = match &task {
+                Some(t) if t.state.is_terminal() => t.times.end.unwrap_or(now),
+                Some(_) => continue,
+                // The run is gone (deleted): count from now.
+                None => now,
+            };
+            let Ok(tt) = schedule.timetable() else {
+                continue;
+            };
+            let mut next = schedule.clone();
+            next.version += 1;
+            next.updated_at = now;
+            next.next_fire_at = tt.next_after_run(ended_at);
+            match self.store.update_schedule(&next, schedule.version).await {
+                Ok(true) => {
+                    debug!(schedule_id = %schedule.id, next_fire_at = ?next.next_fire_at, "fixed-delay run ended")
+                }
+                Ok(false) => {}
+                Err(err) => {
+                    warn!(schedule_id = %schedule.id, error = %err, "fixed-delay update failed")
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,282 @@
+//! One conformance suite for both trigger engines. What every engine must do:
+//! - never fire anything before its instant (checked on every item);
+//! - fire within its granularity (poll: one interval; wheel: about a
+//!   millisecond), with slack for a shared, noisy machine: these bounds
+//!   catch an engine that misses items, not one that is slow (lateness is
+//!   measured by `taskmesh bench --scenario cron`);
+//! - see items created after it started, and stop firing deleted schedules.
+//!
+//! It runs on the real clock: tokio's paused clock advances whenever the
+//! runtime idles, which it does while SQLite I/O runs on its own thread, so
+//! fake time would race ahead of the store. The round logic itself is
+//! covered on a fake clock in `time.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use taskmesh_coord::LocalCoordinator;
+use taskmesh_core::breaker::Breakers;
+use taskmesh_core::schedule::{
+    MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleRecord, TaskTemplate,
+};
+use taskmesh_core::{Clock, NewTask, RetryPolicy, SystemClock, TaskState, UnixMillis, id};
+use taskmesh_scheduler::{EngineKind, Scheduler, SchedulerOptions};
+use taskmesh_store::{SqliteStore, Store, TaskFilter};
+use tokio_util::sync::CancellationToken;
+
+const POLL: Duration = Duration::from_millis(100);
+/// Slack for a shared 2-core machine running other tests at the same time.
+const SLACK_MS: i64 = 250;
+
+struct Run {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn Store>,
+    clock: SystemClock,
+    shutdown: CancellationToken,
+    join: tokio::task::JoinHandle<()>,
+}
+
+async fn start(kind: EngineKind) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in(dir.path()).await.unwrap());
+    let clock = SystemClock;
+    let coord = Arc::new(LocalCoordinator::with_clock("n1", Arc::new(clock)));
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let opts = SchedulerOptions {
+        engine: kind,
+        poll_interval: POLL,
+        wheel_horizon: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let scheduler = Scheduler::build(
+        opts,
+        store.clone(),
+        coord,
+        Arc::new(clock),
+        Breakers::default(),
+        tx,
+    );
+    let shutdown = CancellationToken::new();
+    let join = tokio::spawn(scheduler.run(shutdown.clone()));
+    Run {
+        _dir: dir,
+        store,
+        clock,
+        shutdown,
+        join,
+    }
+}
+
+fn delayed(run_at: UnixMillis) -> NewTask {
+    NewTask {
+        id: id::new_task_id(),
+        handler: "echo".into(),
+        payload: vec![],
+        content_type: String::new(),
+        priority: 0,
+        labels: Default::default(),
+        routing_key: String::new(),
+        client_request_id: None,
+        callback_url: String::new(),
+        retry: RetryPolicy::default(),
+        timeout_ms: 60_000,
+        run_at,
+        traceparent: String::new(),
+        balancer: None,
+        schedule_id: None,
+    }
+}
+
+fn every_second(clock: &SystemClock) -> ScheduleRecord {
+    let now = clock.now_millis();
+    let mut s = ScheduleRecord {
+        id: id::new_task_id(),
+        name: String::new(),
+        kind: ScheduleKind::Cron,
+        cron_expression: "* * * * * *".into(),
+        interval_ms: 0,
+        time_zone: "Asia/Kolkata".into(),
+        template: TaskTemplate {
+            handler: "echo".into(),
+            payload: vec![],
+            content_type: String::new(),
+            priority: 0,
+            labels: Default::default(),
+            routing_key: String::new(),
+            retry: RetryPolicy::default(),
+            timeout_ms: 60_000,
+            callback_url: String::new(),
+            balancer: None,
+        },
+        misfire: MisfirePolicy::Skip,
+        max_catch_up: 0,
+        overlap: OverlapPolicy::Allow,
+        paused: false,
+        next_fire_at: None,
+        last_fire_at: None,
+        last_task_id: None,
+        fire_count: 0,
+        skipped_count: 0,
+        created_at: now,
+        updated_at: now,
+        version: 1,
+    };
+    s.next_fire_at = s.first_fire_after(now).unwrap();
+    s
+}
+
+/// Polls `check` until it holds, failing after `limit`.
+async fn until<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn conformance(kind: EngineKind, granularity_ms: i64) {
+    let run = start(kind).await;
+    let store = run.store.clone();
+    let now = run.clock.now_millis();
+
+    // Delayed tasks, some due before others, one created after start-up.
+    let mut tasks = Vec::new();
+    for offset in [100, 300, 600, 1_500] {
+        let t = store
+            .create_task(delayed(now + offset), "fp", now)
+            .await
+            .unwrap()
+            .task;
+        tasks.push(t);
+    }
+    let schedule = every_second(&run.clock);
+    store.create_schedule(&schedule).await.unwrap();
+
+    until(
+        "the first three delayed tasks to be READY",
+        Duration::from_secs(10),
+        || {
+            let store = store.clone();
+            let ids: Vec<_> = tasks[..3].iter().map(|t| t.id.clone()).collect();
+            async move {
+                for id in ids {
+                    if store.get_task(&id).await.unwrap().unwrap().state != TaskState::Ready {
+                        return false;
+                    }
+                }
+                true
+            }
+        },
+    )
+    .await;
+    let late_comer = {
+        let at = run.clock.now_millis() + 300;
+        store
+            .create_task(delayed(at), "fp", run.clock.now_millis())
+            .await
+            .unwrap()
+            .task
+    };
+    tasks.push(late_comer.clone());
+    until(
+        "the task created after start-up to be READY",
+        Duration::from_secs(10),
+        || {
+            let store = store.clone();
+            let id = late_comer.id.clone();
+            async move { store.get_task(&id).await.unwrap().unwrap().state == TaskState::Ready }
+        },
+    )
+    .await;
+    until("the last task to be READY", Duration::from_secs(10), || {
+        let store = store.clone();
+        let id = tasks[3].id.clone();
+        async move { store.get_task(&id).await.unwrap().unwrap().state == TaskState::Ready }
+    })
+    .await;
+    for t in &tasks {
+        let t = store.get_task(&t.id).await.unwrap().unwrap();
+        let ready = t.times.ready.unwrap();
+        let lateness = ready - t.run_at;
+        assert!(
+            lateness >= 0,
+            "{}: task READY {} ms early",
+            kind.as_str(),
+            -lateness
+        );
+        assert!(
+            lateness <= granularity_ms,
+            "{}: task READY {lateness} ms late (granularity {granularity_ms} ms)",
+            kind.as_str()
+        );
+    }
+
+    // The schedule fires every second, never early, and stops once deleted.
+    until(
+        "three fires of the schedule",
+        Duration::from_secs(10),
+        || {
+            let store = store.clone();
+            let id = schedule.id.clone();
+            async move { store.recent_fires(&id, 10).await.unwrap().len() >= 3 }
+        },
+    )
+    .await;
+    let fires = store.recent_fires(&schedule.id, 1_000).await.unwrap();
+    for f in &fires {
+        let lateness = f.handled_at - f.fire_at;
+        assert!(
+            lateness >= 0,
+            "{}: fire handled {} ms early",
+            kind.as_str(),
+            -lateness
+        );
+        assert!(
+            lateness <= granularity_ms,
+            "{}: fire {lateness} ms late",
+            kind.as_str()
+        );
+        assert_eq!(f.fire_at % 1_000, 0, "fires on whole seconds");
+    }
+    assert!(store.delete_schedule(&schedule.id).await.unwrap());
+    let count = |store: Arc<dyn Store>| async move {
+        store
+            .list_tasks(&TaskFilter {
+                limit: 1_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .tasks
+            .len()
+    };
+    let before = count(store.clone()).await;
+    // Negative check: a fire would come within a second; allow two.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        count(store.clone()).await,
+        before,
+        "a deleted schedule does not fire"
+    );
+
+    run.shutdown.cancel();
+    run.join.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_polling_engine_conforms() {
+    conformance(EngineKind::Poll, POLL.as_millis() as i64 + SLACK_MS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timing_wheel_conforms() {
+    conformance(EngineKind::Wheel, SLACK_MS).await;
+}

@@ -1,0 +1,541 @@
+//! The scheduler on a fake clock (no real waiting): misfire policies after
+//! an hour of downtime, overlap policies, fixed delay, timeouts with retry,
+//! stale reports, and retries held by an open circuit breaker. Each test
+//! drives `Scheduler::round` against a real SQLite store.
+
+use std::sync::Arc;
+
+use taskmesh_coord::LocalCoordinator;
+use taskmesh_core::breaker::{BreakerOptions, Breakers};
+use taskmesh_core::schedule::{
+    FireOutcome, MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleRecord, TaskTemplate,
+};
+use taskmesh_core::{
+    Event, FakeClock, NewTask, RetryPolicy, TaskRecord, TaskState, TransitionError, UnixMillis, id,
+};
+use taskmesh_scheduler::{Reaped, Scheduler, SchedulerOptions};
+use taskmesh_store::{SqliteStore, Store, TaskFilter};
+use tokio::sync::mpsc;
+
+/// 2026-01-01T00:00:00Z.
+const T0: UnixMillis = 1_767_225_600_000;
+const SEC: i64 = 1_000;
+const MIN: i64 = 60 * SEC;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn Store>,
+    clock: FakeClock,
+    scheduler: Scheduler,
+    reaped: mpsc::Receiver<Reaped>,
+    breakers: Breakers,
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in(dir.path()).await.unwrap());
+    let clock = FakeClock::new(T0);
+    let coord = Arc::new(LocalCoordinator::with_clock("n1", Arc::new(clock.clone())));
+    let (tx, reaped) = mpsc::channel(64);
+    let breakers = Breakers::new(BreakerOptions {
+        window: 10,
+        min_samples: 3,
+        failure_threshold: 0.5,
+        cool_down_ms: 30 * SEC,
+        trial_wait_ms: SEC,
+    });
+    let scheduler = Scheduler::build(
+        SchedulerOptions::default(),
+        store.clone(),
+        coord,
+        Arc::new(clock.clone()),
+        breakers.clone(),
+        tx,
+    );
+    Fixture {
+        _dir: dir,
+        store,
+        clock,
+        scheduler,
+        reaped,
+        breakers,
+    }
+}
+
+impl Fixture {
+    async fn round_at(&self, at: UnixMillis) {
+        self.clock.set(at);
+        self.scheduler.round().await.expect("round");
+    }
+
+    async fn schedule(
+        &self,
+        kind: ScheduleKind,
+        cron: &str,
+        misfire: MisfirePolicy,
+        overlap: OverlapPolicy,
+    ) -> ScheduleRecord {
+        let mut s = ScheduleRecord {
+            id: id::new_task_id(),
+            name: "test".into(),
+            kind,
+            cron_expression: cron.into(),
+            interval_ms: 10 * SEC,
+            time_zone: String::new(),
+            template: TaskTemplate {
+                handler: "echo".into(),
+                payload: b"{}".to_vec(),
+                content_type: "application/json".into(),
+                priority: 0,
+                labels: Default::default(),
+                routing_key: String::new(),
+                retry: RetryPolicy::default(),
+                timeout_ms: 60 * SEC,
+                callback_url: String::new(),
+                balancer: None,
+            },
+            misfire,
+            max_catch_up: 3,
+            overlap,
+            paused: false,
+            next_fire_at: None,
+            last_fire_at: None,
+            last_task_id: None,
+            fire_count: 0,
+            skipped_count: 0,
+            created_at: self.clock.now(),
+            updated_at: self.clock.now(),
+            version: 1,
+        };
+        s.next_fire_at = s.first_fire_after(self.clock.now()).unwrap();
+        self.store.create_schedule(&s).await.unwrap();
+        s
+    }
+
+    async fn tasks(&self) -> Vec<TaskRecord> {
+        let mut t = self
+            .store
+            .list_tasks(&TaskFilter {
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .tasks;
+        t.reverse();
+        t
+    }
+
+    async fn task(&self, id: &str) -> TaskRecord {
+        self.store.get_task(id).await.unwrap().unwrap()
+    }
+
+    async fn step(&self, id: &str, event: Event) -> Result<TaskRecord, taskmesh_store::Error> {
+        self.store.transition(id, &event, self.clock.now()).await
+    }
+
+    /// Dispatches and ACKs a READY task; returns its execution id.
+    async fn start(&self, id: &str) -> String {
+        let exec = id::new_execution_id();
+        self.step(
+            id,
+            Event::Dispatch {
+                execution_id: exec.clone(),
+                worker_id: "w".into(),
+                ack_deadline: self.clock.now() + 10 * SEC,
+            },
+        )
+        .await
+        .unwrap();
+        self.step(
+            id,
+            Event::Ack {
+                execution_id: exec.clone(),
+            },
+        )
+        .await
+        .unwrap();
+        exec
+    }
+}
+
+trait Now {
+    fn now(&self) -> UnixMillis;
+}
+impl Now for FakeClock {
+    fn now(&self) -> UnixMillis {
+        taskmesh_core::Clock::now_millis(self)
+    }
+}
+
+fn outcomes_of(fires: &[taskmesh_core::schedule::FireRecord]) -> Vec<FireOutcome> {
+    let mut f: Vec<_> = fires.to_vec();
+    f.sort_by_key(|f| f.fire_at);
+    f.iter().map(|f| f.outcome).collect()
+}
+
+/// Every 5 minutes from T0; the scheduler is down for an hour, then one
+/// round at T0 + 1 h + 2 s (the 60-minute fire is only 2 s late: on time).
+async fn after_an_hour(policy: MisfirePolicy) -> (Fixture, ScheduleRecord) {
+    let f = fixture().await;
+    let s = f
+        .schedule(
+            ScheduleKind::Cron,
+            "*/5 * * * *",
+            policy,
+            OverlapPolicy::Allow,
+        )
+        .await;
+    f.round_at(T0 + 60 * MIN + 2 * SEC).await;
+    (f, s)
+}
+
+#[tokio::test]
+async fn misfire_fire_once_now_creates_one_task_for_the_missed_hour() {
+    let (f, s) = after_an_hour(MisfirePolicy::FireOnceNow).await;
+    let tasks = f.tasks().await;
+    assert_eq!(tasks.len(), 1);
+    let fires = f.store.recent_fires(&s.id, 100).await.unwrap();
+    let outcomes = outcomes_of(&fires);
+    assert_eq!(outcomes.len(), 12);
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| **o == FireOutcome::SkippedMisfire)
+            .count(),
+        11
+    );
+    let stored = f.store.get_schedule(&s.id).await.unwrap().unwrap();
+    assert_eq!((stored.fire_count, stored.skipped_count), (1, 11));
+    assert_eq!(stored.next_fire_at, Some(T0 + 65 * MIN));
+    assert_eq!(tasks[0].client_request_id, Some(s.fire_key(T0 + 60 * MIN)));
+}
+
+#[tokio::test]
+async fn misfire_skip_drops_the_missed_hour() {
+    let (f, s) = after_an_hour(MisfirePolicy::Skip).await;
+    // Only the on-time 60-minute fire created a task.
+    let tasks = f.tasks().await;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].client_request_id, Some(s.fire_key(T0 + 60 * MIN)));
+    let stored = f.store.get_schedule(&s.id).await.unwrap().unwrap();
+    assert_eq!((stored.fire_count, stored.skipped_count), (1, 11));
+}
+
+#[tokio::test]
+async fn misfire_catch_up_fires_the_latest_missed_times_up_to_the_bound() {
+    let (f, s) = after_an_hour(MisfirePolicy::CatchUp).await;
+    let keys: Vec<_> = f
+        .tasks()
+        .await
+        .into_iter()
+        .map(|t| t.client_request_id.unwrap())
+        .collect();
+    let expected: Vec<_> = [50, 55, 60]
+        .iter()
+        .map(|m| s.fire_key(T0 + m * MIN))
+        .collect();
+    let mut keys_sorted = keys.clone();
+    keys_sorted.sort();
+    let mut expected_sorted = expected.clone();
+    expected_sorted.sort();
+    assert_eq!(keys_sorted, expected_sorted, "max_catch_up = 3");
+    // Caught-up tasks never run before their own fire time or before now.
+    for t in f.tasks().await {
+        assert!(t.run_at >= T0 + 60 * MIN + 2 * SEC);
+    }
+}
+
+#[tokio::test]
+async fn overlap_allow_creates_while_the_previous_run_goes_on() {
+    let f = fixture().await;
+    let s = f
+        .schedule(
+            ScheduleKind::Cron,
+            "* * * * * *",
+            MisfirePolicy::Skip,
+            OverlapPolicy::Allow,
+        )
+        .await;
+    f.round_at(T0 + SEC).await;
+    f.round_at(T0 + 2 * SEC).await;
+    let tasks = f.tasks().await;
+    assert_eq!(tasks.len(), 2);
+    assert!(tasks.iter().all(|t| t.state == TaskState::Ready));
+    assert_eq!(
+        f.store
+            .get_schedule(&s.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .last_task_id,
+        Some(tasks[1].id.clone())
+    );
+}
+
+#[tokio::test]
+async fn overlap_skip_records_the_skipped_fire() {
+    let f = fixture().await;
+    let s = f
+        .schedule(
+            ScheduleKind::Cron,
+            "* * * * * *",
+            MisfirePolicy::Skip,
+            OverlapPolicy::Skip,
+        )
+        .await;
+    f.round_at(T0 + SEC).await;
+    f.round_at(T0 + 2 * SEC).await;
+    assert_eq!(f.tasks().await.len(), 1);
+    let fires = f.store.recent_fires(&s.id, 10).await.unwrap();
+    assert_eq!(
+        outcomes_of(&fires),
+        [FireOutcome::Created, FireOutcome::SkippedOverlap]
+    );
+    // Once the run ends, the next fire creates again.
+    let first = f.tasks().await.remove(0);
+    let exec = f.start(&first.id).await;
+    f.step(
+        &first.id,
+        Event::Succeed {
+            execution_id: exec,
+            output: vec![],
+            content_type: String::new(),
+        },
+    )
+    .await
+    .unwrap();
+    f.round_at(T0 + 3 * SEC).await;
+    assert_eq!(f.tasks().await.len(), 2);
+}
+
+#[tokio::test]
+async fn overlap_cancel_previous_cancels_the_running_run() {
+    let mut f = fixture().await;
+    let s = f
+        .schedule(
+            ScheduleKind::Cron,
+            "* * * * * *",
+            MisfirePolicy::Skip,
+            OverlapPolicy::CancelPrevious,
+        )
+        .await;
+    f.round_at(T0 + SEC).await;
+    let first = f.tasks().await.remove(0);
+    let exec = f.start(&first.id).await;
+    f.round_at(T0 + 2 * SEC).await;
+    assert_eq!(f.task(&first.id).await.state, TaskState::Cancelled);
+    let tasks = f.tasks().await;
+    assert_eq!(tasks.len(), 2);
+    assert_eq!(tasks[1].state, TaskState::Ready);
+    // The dispatcher is told, so the worker's handler gets the cancel.
+    assert_eq!(
+        f.reaped.try_recv().unwrap(),
+        Reaped::Cancelled {
+            task_id: first.id.clone(),
+            execution_id: exec
+        }
+    );
+    let fires = f.store.recent_fires(&s.id, 10).await.unwrap();
+    assert_eq!(
+        outcomes_of(&fires),
+        [FireOutcome::Created, FireOutcome::CreatedCancelledPrevious]
+    );
+}
+
+#[tokio::test]
+async fn fixed_delay_waits_for_the_run_to_end() {
+    let f = fixture().await;
+    let s = f
+        .schedule(
+            ScheduleKind::FixedDelay,
+            "",
+            MisfirePolicy::FireOnceNow,
+            OverlapPolicy::Allow,
+        )
+        .await;
+    assert_eq!(s.next_fire_at, Some(T0 + 10 * SEC));
+    f.round_at(T0 + 10 * SEC).await;
+    let task = f.tasks().await.remove(0);
+    assert_eq!(
+        f.store
+            .get_schedule(&s.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .next_fire_at,
+        None
+    );
+    // Still running at T0 + 25 s: nothing new.
+    let exec = f.start(&task.id).await;
+    f.round_at(T0 + 25 * SEC).await;
+    assert_eq!(f.tasks().await.len(), 1);
+    f.clock.set(T0 + 27 * SEC);
+    f.step(
+        &task.id,
+        Event::Succeed {
+            execution_id: exec,
+            output: vec![],
+            content_type: String::new(),
+        },
+    )
+    .await
+    .unwrap();
+    f.round_at(T0 + 27 * SEC).await;
+    assert_eq!(
+        f.store
+            .get_schedule(&s.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .next_fire_at,
+        Some(T0 + 37 * SEC),
+        "one interval after the run ended"
+    );
+    f.round_at(T0 + 37 * SEC).await;
+    assert_eq!(f.tasks().await.len(), 2);
+}
+
+async fn submit(f: &Fixture, timeout_ms: i64) -> TaskRecord {
+    let task = NewTask {
+        id: id::new_task_id(),
+        handler: "slow".into(),
+        payload: vec![],
+        content_type: String::new(),
+        priority: 0,
+        labels: Default::default(),
+        routing_key: String::new(),
+        client_request_id: None,
+        callback_url: String::new(),
+        retry: RetryPolicy {
+            max_attempts: 3,
+            initial_backoff_ms: 2 * SEC,
+            multiplier: 2.0,
+            max_backoff_ms: 60 * SEC,
+        },
+        timeout_ms,
+        run_at: f.clock.now(),
+        traceparent: String::new(),
+        balancer: None,
+        schedule_id: None,
+    };
+    f.store
+        .create_task(task, "fp", f.clock.now())
+        .await
+        .unwrap()
+        .task
+}
+
+#[tokio::test]
+async fn timeout_cancels_then_retries_then_succeeds_and_stale_reports_are_refused() {
+    let mut f = fixture().await;
+    let t = submit(&f, 5 * SEC).await;
+    let first = f.start(&t.id).await;
+    f.round_at(T0 + 5 * SEC - 1).await;
+    assert_eq!(
+        f.task(&t.id).await.state,
+        TaskState::Running,
+        "not a millisecond early"
+    );
+    f.round_at(T0 + 5 * SEC).await;
+    let after = f.task(&t.id).await;
+    assert_eq!(after.state, TaskState::Retrying);
+    assert_eq!(
+        after.attempts[0].outcome,
+        Some(taskmesh_core::AttemptOutcome::TimedOut)
+    );
+    assert_eq!(
+        f.reaped.try_recv().unwrap(),
+        Reaped::TimedOut {
+            task_id: t.id.clone(),
+            execution_id: first.clone()
+        },
+        "the worker is told to cancel"
+    );
+    // The late result of the timed-out attempt is refused.
+    let late = f
+        .step(
+            &t.id,
+            Event::Succeed {
+                execution_id: first,
+                output: vec![],
+                content_type: String::new(),
+            },
+        )
+        .await;
+    assert!(
+        matches!(
+            late,
+            Err(taskmesh_store::Error::Transition(
+                TransitionError::IllegalState { .. }
+            ))
+        ),
+        "{late:?}"
+    );
+    // Backoff (full jitter, at most 2 s), then READY again and a success.
+    let retry_at = after.next_at.unwrap();
+    assert!(retry_at <= T0 + 7 * SEC);
+    f.round_at(retry_at).await;
+    assert_eq!(f.task(&t.id).await.state, TaskState::Ready);
+    let second = f.start(&t.id).await;
+    f.step(
+        &t.id,
+        Event::Succeed {
+            execution_id: second,
+            output: b"ok".to_vec(),
+            content_type: String::new(),
+        },
+    )
+    .await
+    .unwrap();
+    let done = f.task(&t.id).await;
+    assert_eq!(
+        (done.state, done.run_count, done.attempts.len()),
+        (TaskState::Succeeded, 2, 2)
+    );
+}
+
+#[tokio::test]
+async fn an_open_breaker_holds_retries_and_a_trial_success_releases_them() {
+    let f = fixture().await;
+    for _ in 0..3 {
+        f.breakers.record("slow", false, T0);
+    }
+    // Two tasks failed once and wait to retry.
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let t = submit(&f, 60 * SEC).await;
+        let exec = f.start(&t.id).await;
+        f.step(
+            &t.id,
+            Event::Fail {
+                execution_id: exec,
+                message: "boom".into(),
+                retryable: true,
+                jitter: 0.0,
+            },
+        )
+        .await
+        .unwrap();
+        ids.push(t.id);
+    }
+    f.round_at(T0 + SEC).await;
+    for id in &ids {
+        let t = f.task(id).await;
+        assert_eq!(t.state, TaskState::Retrying, "held, not failed");
+        assert_eq!(t.next_at, Some(T0 + 30 * SEC), "until the cool-down ends");
+    }
+    // Cool-down over: one trial goes, the other waits.
+    f.round_at(T0 + 30 * SEC).await;
+    let states: Vec<_> = [f.task(&ids[0]).await.state, f.task(&ids[1]).await.state].into();
+    assert_eq!(
+        states.iter().filter(|s| **s == TaskState::Ready).count(),
+        1,
+        "{states:?}"
+    );
+    f.breakers.record("slow", true, T0 + 31 * SEC);
+    f.round_at(T0 + 32 * SEC).await;
+    for id in &ids {
+        assert_eq!(f.task(id).await.state, TaskState::Ready);
+    }
+}

@@ -1,0 +1,262 @@
+//! Scenarios for schedules: CRUD with compare-and-set, due queries, and the
+//! all-or-nothing fire commit that never creates two tasks for one fire.
+
+use taskmesh_core::schedule::{
+    FireOutcome, FireRecord, MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleRecord,
+    TaskTemplate,
+};
+use taskmesh_core::{Event, RetryPolicy, TaskState};
+
+use super::{StoreFixture, T0, get};
+use crate::{FireCommit, Store};
+
+fn schedule(id: &str, next: Option<i64>) -> ScheduleRecord {
+    ScheduleRecord {
+        id: id.into(),
+        name: format!("name-{id}"),
+        kind: ScheduleKind::Cron,
+        cron_expression: "* * * * * *".into(),
+        interval_ms: 0,
+        time_zone: "Europe/London".into(),
+        template: TaskTemplate {
+            handler: "echo".into(),
+            payload: b"{\"s\":1}".to_vec(),
+            content_type: "application/json".into(),
+            priority: 2,
+            labels: [("zone".to_string(), "eu".to_string())].into(),
+            routing_key: "rk".into(),
+            retry: RetryPolicy::default(),
+            timeout_ms: 30_000,
+            callback_url: String::new(),
+            balancer: None,
+        },
+        misfire: MisfirePolicy::CatchUp,
+        max_catch_up: 3,
+        overlap: OverlapPolicy::Skip,
+        paused: false,
+        next_fire_at: next,
+        last_fire_at: None,
+        last_task_id: None,
+        fire_count: 0,
+        skipped_count: 0,
+        created_at: T0,
+        updated_at: T0,
+        version: 1,
+    }
+}
+
+fn fire_commit(store_sched: &ScheduleRecord, fire_at: i64, task_id: &str) -> FireCommit {
+    let mut next = store_sched.clone();
+    next.version += 1;
+    next.last_fire_at = Some(fire_at);
+    next.last_task_id = Some(task_id.to_string());
+    next.next_fire_at = Some(fire_at + 1_000);
+    next.fire_count += 1;
+    FireCommit {
+        tasks: vec![(
+            store_sched.new_task(task_id.to_string(), fire_at, fire_at),
+            "fp".into(),
+        )],
+        fires: vec![FireRecord {
+            fire_at,
+            handled_at: fire_at,
+            outcome: FireOutcome::Created,
+            task_id: Some(task_id.to_string()),
+        }],
+        schedule: next,
+        expected_version: store_sched.version,
+        cancel: None,
+    }
+}
+
+/// Create, get, list, update by compare-and-set, delete.
+pub async fn schedule_crud_with_cas(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let a = schedule("sched-a", Some(T0 + 1_000));
+    store.create_schedule(&a).await.expect("create");
+    assert!(
+        store.create_schedule(&a).await.is_err(),
+        "a taken id is refused"
+    );
+    assert_eq!(
+        store.get_schedule("sched-a").await.unwrap(),
+        Some(a.clone())
+    );
+    assert_eq!(store.get_schedule("nope").await.unwrap(), None);
+    for id in ["sched-b", "sched-c"] {
+        store.create_schedule(&schedule(id, None)).await.unwrap();
+    }
+    let (page, next) = store.list_schedules(None, 2).await.unwrap();
+    assert_eq!(
+        page.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        ["sched-a", "sched-b"]
+    );
+    let (rest, none) = store.list_schedules(next.as_deref(), 2).await.unwrap();
+    assert_eq!(
+        rest.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        ["sched-c"]
+    );
+    assert_eq!(none, None);
+
+    let mut paused = a.clone();
+    paused.paused = true;
+    paused.version = 2;
+    assert!(store.update_schedule(&paused, 1).await.unwrap());
+    assert!(
+        !store.update_schedule(&paused, 1).await.unwrap(),
+        "a stale version writes nothing"
+    );
+    assert_eq!(store.get_schedule("sched-a").await.unwrap(), Some(paused));
+    assert!(store.delete_schedule("sched-a").await.unwrap());
+    assert!(!store.delete_schedule("sched-a").await.unwrap());
+    assert!(
+        store.update_schedule(&a, 2).await.is_err(),
+        "updating a deleted schedule is NotFound"
+    );
+}
+
+/// Due schedules are active ones whose next fire time has passed.
+pub async fn due_schedules_and_next_due(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    store
+        .create_schedule(&schedule("s1", Some(T0 + 2_000)))
+        .await
+        .unwrap();
+    store
+        .create_schedule(&schedule("s2", Some(T0 + 1_000)))
+        .await
+        .unwrap();
+    let mut paused = schedule("s3", Some(T0));
+    paused.paused = true;
+    store.create_schedule(&paused).await.unwrap();
+    store.create_schedule(&schedule("s4", None)).await.unwrap();
+
+    assert_eq!(
+        store.next_schedule_due_at().await.unwrap(),
+        Some(T0 + 1_000)
+    );
+    assert!(
+        store.due_schedules(T0 + 999, 10).await.unwrap().is_empty(),
+        "never early"
+    );
+    let due = store.due_schedules(T0 + 2_000, 10).await.unwrap();
+    assert_eq!(
+        due.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        ["s2", "s1"]
+    );
+}
+
+/// A fire commit writes the schedule, the fire record and the task together;
+/// a stale commit writes nothing; the same fire key never makes two tasks.
+pub async fn fire_commit_is_atomic_and_idempotent(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store: &dyn Store = store.as_ref();
+    let s = schedule("fire", Some(T0));
+    store.create_schedule(&s).await.unwrap();
+    let mut changes = store.subscribe_schedules();
+
+    let task_id = taskmesh_core::id::new_task_id();
+    let commit = fire_commit(&s, T0, &task_id);
+    let done = store
+        .commit_fires(commit.clone(), T0 + 5)
+        .await
+        .unwrap()
+        .expect("committed");
+    assert_eq!(done.tasks.len(), 1);
+    let task = get(store, &task_id).await;
+    assert_eq!(task.schedule_id.as_deref(), Some("fire"));
+    assert_eq!(task.client_request_id, Some(s.fire_key(T0)));
+    assert_eq!((task.state, task.priority), (TaskState::Ready, 2));
+    let stored = store.get_schedule("fire").await.unwrap().unwrap();
+    assert_eq!((stored.version, stored.fire_count), (2, 1));
+    assert_eq!(changes.try_recv().unwrap().next_fire_at, Some(T0 + 1_000));
+
+    // The same commit again: the schedule moved on, nothing is written.
+    assert!(store.commit_fires(commit, T0 + 6).await.unwrap().is_none());
+    // A commit from the new version that repeats the fire key finds the task.
+    let again = fire_commit(&stored, T0, &taskmesh_core::id::new_task_id());
+    let done = store
+        .commit_fires(again, T0 + 7)
+        .await
+        .unwrap()
+        .expect("committed");
+    assert_eq!(
+        done.tasks[0].id, task_id,
+        "one fire never creates two tasks"
+    );
+    let fires = store.recent_fires("fire", 10).await.unwrap();
+    assert_eq!(fires.len(), 1);
+    assert_eq!(
+        (fires[0].fire_at, fires[0].outcome),
+        (T0, FireOutcome::Created)
+    );
+    let page = store
+        .list_tasks(&crate::TaskFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.tasks.len(), 1);
+}
+
+/// CANCEL_PREVIOUS: the previous run is cancelled in the same transaction.
+pub async fn fire_commit_cancels_the_previous_run(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store: &dyn Store = store.as_ref();
+    let s = schedule("cp", Some(T0));
+    store.create_schedule(&s).await.unwrap();
+    let first = taskmesh_core::id::new_task_id();
+    store
+        .commit_fires(fire_commit(&s, T0, &first), T0)
+        .await
+        .unwrap()
+        .unwrap();
+    let s = store.get_schedule("cp").await.unwrap().unwrap();
+    let second = taskmesh_core::id::new_task_id();
+    let mut commit = fire_commit(&s, T0 + 1_000, &second);
+    commit.cancel = Some((
+        first.clone(),
+        Event::Cancel {
+            reason: "overlap".into(),
+        },
+    ));
+    let done = store
+        .commit_fires(commit, T0 + 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.cancelled.map(|t| t.state), Some(TaskState::Ready));
+    assert_eq!(get(store, &first).await.state, TaskState::Cancelled);
+    assert_eq!(get(store, &second).await.state, TaskState::Ready);
+}
+
+/// Fixed-delay schedules waiting for their run are listed with that run.
+pub async fn awaiting_run_end_lists_fixed_delay_waiters(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store: &dyn Store = store.as_ref();
+    let mut s = schedule("fd", Some(T0));
+    s.kind = ScheduleKind::FixedDelay;
+    s.interval_ms = 5_000;
+    store.create_schedule(&s).await.unwrap();
+    assert!(
+        store
+            .schedules_awaiting_run_end(10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let task_id = taskmesh_core::id::new_task_id();
+    let mut commit = fire_commit(&s, T0, &task_id);
+    commit.schedule.next_fire_at = None;
+    store.commit_fires(commit, T0).await.unwrap().unwrap();
+    let waiting = store.schedules_awaiting_run_end(10).await.unwrap();
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(waiting[0].0.id, "fd");
+    assert_eq!(
+        waiting[0].1.as_ref().map(|t| t.id.as_str()),
+        Some(task_id.as_str())
+    );
+}

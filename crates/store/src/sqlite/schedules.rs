@@ -1,0 +1,357 @@
+//! Schedules on SQLite: rows ↔ records, compare-and-set writes, and the one
+//! transaction that handles a due schedule (schedule, fire records, the
+//! cancel of the previous run and the new tasks, all or nothing).
+
+use sqlx::Row;
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
+use taskmesh_core::schedule::{
+    FireOutcome, FireRecord, MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleRecord,
+    TaskTemplate,
+};
+use taskmesh_core::{TaskRecord, UnixMillis};
+
+use super::SqliteStore;
+use super::store_impl::change_of;
+use super::tx;
+use crate::error::is_unique_violation;
+use crate::{Error, FireCommit, FireCommitted, Result, ScheduleChange};
+
+/// The columns of `schedules`, in the order [`bind_body`] binds them (after `id`).
+macro_rules! columns {
+    () => {
+        "id, name, kind, cron_expression, interval_ms, time_zone, template, \
+         misfire_policy, max_catch_up, overlap_policy, paused, next_fire_at, last_fire_at, \
+         last_task_id, fire_count, skipped_count, created_at, updated_at, version"
+    };
+}
+
+fn bad(id: &str, what: impl std::fmt::Display) -> Error {
+    Error::Internal(format!("schedule {id}: {what}"))
+}
+
+fn from_row(row: &SqliteRow) -> Result<ScheduleRecord> {
+    let id: String = row
+        .try_get("id")
+        .map_err(|e| Error::Internal(format!("schedule row without an id: {e}")))?;
+    let e = |err: sqlx::Error| bad(&id, err);
+    let text: String = row.try_get("kind").map_err(e)?;
+    let kind =
+        ScheduleKind::parse(&text).ok_or_else(|| bad(&id, format!("unknown kind {text}")))?;
+    let text: String = row.try_get("misfire_policy").map_err(e)?;
+    let misfire = MisfirePolicy::parse(&text)
+        .ok_or_else(|| bad(&id, format!("unknown misfire policy {text}")))?;
+    let text: String = row.try_get("overlap_policy").map_err(e)?;
+    let overlap = OverlapPolicy::parse(&text)
+        .ok_or_else(|| bad(&id, format!("unknown overlap policy {text}")))?;
+    let template: String = row.try_get("template").map_err(e)?;
+    let template: TaskTemplate =
+        serde_json::from_str(&template).map_err(|err| bad(&id, format!("bad template: {err}")))?;
+    let count = |col: &str| -> Result<u64> {
+        let v: i64 = row.try_get(col).map_err(|err| bad(&id, err))?;
+        u64::try_from(v).map_err(|_| bad(&id, format!("{col} = {v}")))
+    };
+    let max_catch_up: i64 = row.try_get("max_catch_up").map_err(e)?;
+    Ok(ScheduleRecord {
+        name: row.try_get("name").map_err(e)?,
+        kind,
+        cron_expression: row.try_get("cron_expression").map_err(e)?,
+        interval_ms: row.try_get("interval_ms").map_err(e)?,
+        time_zone: row.try_get("time_zone").map_err(e)?,
+        template,
+        misfire,
+        max_catch_up: u32::try_from(max_catch_up).map_err(|_| bad(&id, "max_catch_up"))?,
+        overlap,
+        paused: row.try_get::<i64, _>("paused").map_err(e)? != 0,
+        next_fire_at: row.try_get("next_fire_at").map_err(e)?,
+        last_fire_at: row.try_get("last_fire_at").map_err(e)?,
+        last_task_id: row.try_get("last_task_id").map_err(e)?,
+        fire_count: count("fire_count")?,
+        skipped_count: count("skipped_count")?,
+        created_at: row.try_get("created_at").map_err(e)?,
+        updated_at: row.try_get("updated_at").map_err(e)?,
+        version: row.try_get("version").map_err(e)?,
+        id,
+    })
+}
+
+/// Binds every column but `id`, in `columns!()` order.
+fn bind_body<'q>(
+    q: super::rows::SqliteQuery<'q>,
+    s: &ScheduleRecord,
+) -> Result<super::rows::SqliteQuery<'q>> {
+    let template = serde_json::to_string(&s.template)
+        .map_err(|err| bad(&s.id, format!("cannot encode template: {err}")))?;
+    let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    Ok(q.bind(s.name.clone())
+        .bind(s.kind.as_str())
+        .bind(s.cron_expression.clone())
+        .bind(s.interval_ms)
+        .bind(s.time_zone.clone())
+        .bind(template)
+        .bind(s.misfire.as_str())
+        .bind(i64::from(s.max_catch_up))
+        .bind(s.overlap.as_str())
+        .bind(i64::from(s.paused))
+        .bind(s.next_fire_at)
+        .bind(s.last_fire_at)
+        .bind(s.last_task_id.clone())
+        .bind(as_i64(s.fire_count))
+        .bind(as_i64(s.skipped_count))
+        .bind(s.created_at)
+        .bind(s.updated_at)
+        .bind(s.version))
+}
+
+const UPDATE_CAS: &str = "UPDATE schedules SET name = ?, kind = ?, cron_expression = ?, \
+    interval_ms = ?, time_zone = ?, template = ?, misfire_policy = ?, max_catch_up = ?, \
+    overlap_policy = ?, paused = ?, next_fire_at = ?, last_fire_at = ?, last_task_id = ?, \
+    fire_count = ?, skipped_count = ?, created_at = ?, updated_at = ?, version = ? \
+    WHERE id = ? AND version = ?";
+
+async fn write_cas(conn: &mut SqliteConnection, s: &ScheduleRecord, expected: i64) -> Result<bool> {
+    let q = bind_body(sqlx::query(UPDATE_CAS), s)?
+        .bind(s.id.clone())
+        .bind(expected);
+    Ok(q.execute(&mut *conn).await?.rows_affected() == 1)
+}
+
+fn change(s: &ScheduleRecord) -> ScheduleChange {
+    ScheduleChange {
+        schedule_id: s.id.clone(),
+        next_fire_at: if s.paused { None } else { s.next_fire_at },
+    }
+}
+
+fn fire_from_row(row: &SqliteRow) -> Result<FireRecord> {
+    let e = |err: sqlx::Error| Error::Internal(format!("bad schedule_fires row: {err}"));
+    let outcome: String = row.try_get("outcome").map_err(e)?;
+    Ok(FireRecord {
+        fire_at: row.try_get("fire_at").map_err(e)?,
+        handled_at: row.try_get("handled_at").map_err(e)?,
+        outcome: FireOutcome::parse(&outcome)
+            .ok_or_else(|| Error::Internal(format!("unknown fire outcome {outcome}")))?,
+        task_id: row.try_get("task_id").map_err(e)?,
+    })
+}
+
+impl SqliteStore {
+    fn publish_schedule(&self, s: &ScheduleRecord) {
+        let _ = self.schedule_changes.send(change(s));
+    }
+
+    pub(super) async fn sched_create(&self, s: &ScheduleRecord) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        let q = sqlx::query(concat!(
+            "INSERT INTO schedules (",
+            columns!(),
+            ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ))
+        .bind(s.id.clone());
+        match bind_body(q, s)?.execute(&mut *tx).await {
+            Ok(_) => {}
+            Err(err) if is_unique_violation(&err) => {
+                return Err(Error::AlreadyExists(format!(
+                    "schedule {} already exists",
+                    s.id
+                )));
+            }
+            Err(err) => return Err(err.into()),
+        }
+        tx.commit().await?;
+        self.publish_schedule(s);
+        Ok(())
+    }
+
+    pub(super) async fn sched_get(&self, id: &str) -> Result<Option<ScheduleRecord>> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM schedules WHERE id = ?"
+        ))
+        .bind(id)
+        .fetch_optional(&self.reader)
+        .await?;
+        row.as_ref().map(from_row).transpose()
+    }
+
+    pub(super) async fn sched_list(
+        &self,
+        after_id: Option<&str>,
+        limit: u32,
+    ) -> Result<(Vec<ScheduleRecord>, Option<String>)> {
+        let limit = limit.clamp(1, 1000);
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM schedules WHERE id > ? ORDER BY id LIMIT ?"
+        ))
+        .bind(after_id.unwrap_or(""))
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.reader)
+        .await?;
+        let mut out = rows.iter().map(from_row).collect::<Result<Vec<_>>>()?;
+        let more = out.len() > limit as usize;
+        out.truncate(limit as usize);
+        let next = more.then(|| out.last().map(|s| s.id.clone())).flatten();
+        Ok((out, next))
+    }
+
+    pub(super) async fn sched_update(&self, s: &ScheduleRecord, expected: i64) -> Result<bool> {
+        let mut tx = self.begin_write().await?;
+        if !write_cas(&mut tx, s, expected).await? {
+            let exists = sqlx::query("SELECT 1 FROM schedules WHERE id = ?")
+                .bind(s.id.clone())
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_some();
+            if !exists {
+                return Err(Error::NotFound(format!("schedule {}", s.id)));
+            }
+            return Ok(false);
+        }
+        tx.commit().await?;
+        self.publish_schedule(s);
+        Ok(true)
+    }
+
+    pub(super) async fn sched_delete(&self, id: &str) -> Result<bool> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query("DELETE FROM schedule_fires WHERE schedule_id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        let gone = sqlx::query("DELETE FROM schedules WHERE id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+        tx.commit().await?;
+        if gone {
+            let _ = self.schedule_changes.send(ScheduleChange {
+                schedule_id: id.to_string(),
+                next_fire_at: None,
+            });
+        }
+        Ok(gone)
+    }
+
+    pub(super) async fn sched_due(
+        &self,
+        now: UnixMillis,
+        limit: usize,
+    ) -> Result<Vec<ScheduleRecord>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM schedules WHERE next_fire_at IS NOT NULL AND paused = 0 \
+             AND next_fire_at <= ? ORDER BY next_fire_at, id LIMIT ?"
+        ))
+        .bind(now)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(from_row).collect()
+    }
+
+    pub(super) async fn sched_next_due(&self) -> Result<Option<UnixMillis>> {
+        let v: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(next_fire_at) FROM schedules WHERE next_fire_at IS NOT NULL AND paused = 0",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(v)
+    }
+
+    pub(super) async fn sched_awaiting(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(ScheduleRecord, Option<TaskRecord>)>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM schedules WHERE kind = 'FIXED_DELAY' AND next_fire_at IS NULL \
+             AND paused = 0 AND last_task_id IS NOT NULL ORDER BY id LIMIT ?"
+        ))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.reader)
+        .await?;
+        let schedules = rows.iter().map(from_row).collect::<Result<Vec<_>>>()?;
+        let mut conn = self.reader.acquire().await?;
+        let mut out = Vec::with_capacity(schedules.len());
+        for s in schedules {
+            let task = match &s.last_task_id {
+                Some(id) => tx::load_task(&mut conn, id).await?,
+                None => None,
+            };
+            out.push((s, task));
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn sched_commit(
+        &self,
+        commit: FireCommit,
+        now: UnixMillis,
+    ) -> Result<Option<FireCommitted>> {
+        let mut tx = self.begin_write().await?;
+        if !write_cas(&mut tx, &commit.schedule, commit.expected_version).await? {
+            return Ok(None);
+        }
+        let mut committed = FireCommitted::default();
+        let mut changes = Vec::new();
+        if let Some((task_id, event)) = &commit.cancel {
+            let before = tx::load_task(&mut tx, task_id).await?;
+            match tx::transition_one(&mut tx, task_id, event, now).await {
+                Ok(after) => {
+                    changes.push(change_of(&after));
+                    committed.cancelled = before;
+                }
+                // It ended meanwhile: nothing to cancel.
+                Err(Error::Transition(_) | Error::NotFound(_)) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        for (task, fingerprint) in commit.tasks {
+            if let Some(key) = &task.client_request_id
+                && let Some((stored, _)) = tx::find_by_request_id(&mut tx, key).await?
+            {
+                committed.tasks.push(stored);
+                continue;
+            }
+            let record = task.into_record(now);
+            tx::insert_task(&mut tx, &record, &fingerprint).await??;
+            changes.push(change_of(&record));
+            committed.tasks.push(record);
+        }
+        for f in &commit.fires {
+            sqlx::query(
+                "INSERT INTO schedule_fires (schedule_id, fire_at, handled_at, outcome, task_id) \
+                 VALUES (?, ?, ?, ?, ?) ON CONFLICT (schedule_id, fire_at) DO NOTHING",
+            )
+            .bind(commit.schedule.id.clone())
+            .bind(f.fire_at)
+            .bind(f.handled_at)
+            .bind(f.outcome.as_str())
+            .bind(f.task_id.clone())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        self.publish(changes);
+        self.publish_schedule(&commit.schedule);
+        Ok(Some(committed))
+    }
+
+    pub(super) async fn sched_recent_fires(&self, id: &str, limit: u32) -> Result<Vec<FireRecord>> {
+        let rows = sqlx::query(
+            "SELECT fire_at, handled_at, outcome, task_id FROM schedule_fires \
+             WHERE schedule_id = ? ORDER BY fire_at DESC LIMIT ?",
+        )
+        .bind(id)
+        .bind(i64::from(limit.clamp(1, 1000)))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(fire_from_row).collect()
+    }
+}

@@ -1,0 +1,48 @@
+-- Schedules and the record of their fires.
+--
+-- A schedule row changes only by a compare-and-set on `version`; a fire
+-- writes the schedule, its fire rows and the tasks it creates in one
+-- transaction. Task creation is idempotent on `client_request_id`
+-- ("schedule:<id>:<fire time>"), so one fire can never create two tasks.
+
+CREATE TABLE schedules (
+    id               TEXT    NOT NULL PRIMARY KEY,
+    name             TEXT    NOT NULL,
+    kind             TEXT    NOT NULL CHECK (kind IN ('CRON', 'FIXED_RATE', 'FIXED_DELAY')),
+    cron_expression  TEXT    NOT NULL,
+    interval_ms      INTEGER NOT NULL,
+    time_zone        TEXT    NOT NULL,
+    template         TEXT    NOT NULL,              -- JSON of taskmesh_core::schedule::TaskTemplate
+    misfire_policy   TEXT    NOT NULL,
+    max_catch_up     INTEGER NOT NULL,
+    overlap_policy   TEXT    NOT NULL,
+    paused           INTEGER NOT NULL,
+    next_fire_at     INTEGER NULL,
+    last_fire_at     INTEGER NULL,
+    last_task_id     TEXT    NULL,
+    fire_count       INTEGER NOT NULL,
+    skipped_count    INTEGER NOT NULL,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    version          INTEGER NOT NULL
+) STRICT;
+
+-- Due schedules, earliest first; partial so paused and waiting ones cost nothing.
+CREATE INDEX schedules_due ON schedules (next_fire_at, id)
+    WHERE next_fire_at IS NOT NULL AND paused = 0;
+
+-- Fixed-delay schedules waiting for their run to end.
+CREATE INDEX schedules_awaiting_run ON schedules (id)
+    WHERE kind = 'FIXED_DELAY' AND next_fire_at IS NULL AND paused = 0 AND last_task_id IS NOT NULL;
+
+CREATE TABLE schedule_fires (
+    schedule_id  TEXT    NOT NULL REFERENCES schedules (id) ON DELETE CASCADE,
+    fire_at      INTEGER NOT NULL,
+    handled_at   INTEGER NOT NULL,
+    outcome      TEXT    NOT NULL,
+    task_id      TEXT    NULL,
+    PRIMARY KEY (schedule_id, fire_at)             -- a fire time is handled once
+) STRICT;
+
+-- Tasks of a schedule (overlap checks, listing).
+CREATE INDEX tasks_schedule ON tasks (schedule_id, id) WHERE schedule_id IS NOT NULL;
