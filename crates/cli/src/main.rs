@@ -1,5 +1,6 @@
 //! `taskmesh`: run a node, run a worker, or talk to a node as a client.
 
+mod bench;
 mod client;
 mod logging;
 mod schedule_cmd;
@@ -40,6 +41,8 @@ enum Command {
     Cancel(client::CancelArgs),
     /// Manage schedules (cron, fixed rate, fixed delay).
     Schedule(schedule_cmd::ScheduleArgs),
+    /// Run a benchmark scenario and report what it measured.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -135,6 +138,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List(args) => client::list(args).await,
         Command::Cancel(args) => client::cancel(args).await,
         Command::Schedule(args) => schedule_cmd::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
     }
 }
 

@@ -1,0 +1,81 @@
+//! `taskmesh bench`: load generators and measurers, one per scenario. Each
+//! prints a table (or JSON with `--output json`) of what it measured; the
+//! numbers and the exact commands go to docs/BENCHMARKS.md.
+
+mod cron;
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+/// Which scenario to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Fire lateness of schedules (scheduled instant → dispatch) for each
+    /// trigger engine.
+    Cron,
+}
+
+/// Output forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchOutput {
+    /// A table for people.
+    Table,
+    /// JSON for machines.
+    Json,
+}
+
+/// `taskmesh bench` flags.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The scenario to run.
+    #[arg(long, value_enum)]
+    scenario: Scenario,
+    /// Output form.
+    #[arg(long, short, value_enum, default_value_t = BenchOutput::Table)]
+    output: BenchOutput,
+    #[command(flatten)]
+    cron: cron::CronArgs,
+}
+
+/// Latency percentiles in milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Percentiles {
+    /// Samples.
+    pub count: u64,
+    /// Median.
+    pub p50_ms: f64,
+    /// 90th percentile.
+    pub p90_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Largest.
+    pub max_ms: f64,
+}
+
+impl Percentiles {
+    /// From a histogram of microseconds.
+    pub fn of(h: &hdrhistogram::Histogram<u64>) -> Self {
+        let ms = |us: u64| us as f64 / 1_000.0;
+        Self {
+            count: h.len(),
+            p50_ms: ms(h.value_at_quantile(0.50)),
+            p90_ms: ms(h.value_at_quantile(0.90)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            max_ms: ms(h.max()),
+        }
+    }
+}
+
+/// Runs `taskmesh bench`.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.scenario {
+        Scenario::Cron => {
+            let report = cron::run(&args.cron).await?;
+            match args.output {
+                BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                BenchOutput::Table => cron::print(&report),
+            }
+        }
+    }
+    Ok(())
+}
