@@ -3,7 +3,7 @@
 // .proto files at run time with @grpc/proto-loader (no generated code) and
 // talks to TaskApi with @grpc/grpc-js.
 //
-//   node client.js run --server 127.0.0.1:50051 --handler echo --count 100 --check-echo
+//   node client.js run --server 127.0.0.1:50051 --handler echo --count 100 --check-echo [--ids-file ids.txt]
 //   node client.js submit --handler py.sleep --payload '{"ms":2000}' --count 2 --until RUNNING --ids-file ids.txt
 //   node client.js watch --ids-file ids.txt --expect SUCCEEDED
 //   node client.js workers --handler echo --wait 30
@@ -141,9 +141,17 @@ async function verify(client, submitted, opts) {
   return problems.length;
 }
 
+/** Writes the submitted task ids, one a line, to --ids-file if given. */
+function writeIds(opts, submitted) {
+  if (opts['ids-file']) {
+    fs.writeFileSync(opts['ids-file'], submitted.map((s) => s.taskId).join('\n') + '\n');
+  }
+}
+
 async function cmdRun(client, opts) {
   const started = Date.now();
   const submitted = await submitMany(client, opts);
+  writeIds(opts, submitted);
   console.log(`node client: submitted ${submitted.length} ${opts.handler} tasks`);
   const bad = await verify(client, submitted, opts);
   const good = submitted.length - bad;
@@ -154,9 +162,7 @@ async function cmdRun(client, opts) {
 
 async function cmdSubmit(client, opts) {
   const submitted = await submitMany(client, opts);
-  if (opts['ids-file']) {
-    fs.writeFileSync(opts['ids-file'], submitted.map((s) => s.taskId).join('\n') + '\n');
-  }
+  writeIds(opts, submitted);
   if (opts.until) {
     // Wait until each task has reached `until` (or ended): e.g. RUNNING, so
     // the caller knows the work is in a worker's hands.

@@ -6,7 +6,7 @@ reflection lists the contract's services and resolves their descriptors.
 
     .venv/bin/python check_server.py --server 127.0.0.1:50051 --wait 30
 
-Prints one PASS/FAIL line per check and exits non-zero if any failed.
+Prints one line per check (ok or FAILED) and exits non-zero if any failed.
 """
 
 import argparse
@@ -80,16 +80,20 @@ def main(argv=None) -> int:
     p.add_argument("--server", default="127.0.0.1:50051")
     p.add_argument("--wait", type=float, default=30.0,
                    help="seconds to wait for the server to answer SERVING")
+    p.add_argument("--only", choices=["health", "reflection"], help="run one check")
     args = p.parse_args(argv)
     failed = 0
     with grpc.insecure_channel(args.server.removeprefix("http://")) as channel:
-        for name, check in (("health", lambda: check_health(channel, args.wait)),
-                            ("reflection", lambda: check_reflection(channel))):
+        checks = (("health", lambda: check_health(channel, args.wait)),
+                  ("reflection", lambda: check_reflection(channel)))
+        for name, check in checks:
+            if args.only and name != args.only:
+                continue
             try:
                 ok, detail = check()
             except Exception as err:  # report any failure as a FAIL line
                 ok, detail = False, f"{type(err).__name__}: {err}"
-            print(f"{'PASS' if ok else 'FAIL'} python {name}: {detail}", flush=True)
+            print(f"check_server: {name} {'ok' if ok else 'FAILED'}: {detail}", flush=True)
             failed += not ok
     return 1 if failed else 0
 
