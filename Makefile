@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/taskmesh-target
 PY_VENV ?= $(HOME)/.cache/taskmesh-py
 
-.PHONY: run build test services fmt fmt-check lint unit proto-python help
+.PHONY: run build test services fmt fmt-check lint unit proto-python buf examples-setup polyglot help
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -15,7 +15,7 @@ run: ## Start the embedded demo: a node on SQLite plus a local worker (echo, sle
 build: ## Build the taskmesh binary (debug)
 	$(CARGO) build -p taskmesh-cli --bin taskmesh
 
-test: services fmt-check lint build proto-python unit ## Everything CI checks
+test: services fmt-check lint build proto-python buf unit polyglot ## Everything CI checks
 
 services: ## Make sure the machine's Postgres and Redis answer (start them if not)
 	bash scripts/ensure-services.sh
@@ -34,3 +34,12 @@ unit: build ## The Rust tests: unit, property, conformance and end-to-end
 
 proto-python: ## Generate Python stubs from proto/ with grpcio-tools (checks the contract compiles for other languages)
 	bash scripts/proto-python.sh "$(PY_VENV)"
+
+buf: ## Contract hygiene: buf lint, buf breaking against the previous commit, and the gate's self-checks
+	bash scripts/buf-check.sh
+
+examples-setup: ## Install the examples' Python (PyPI) and Node (npm) dependencies; generate the Python stubs
+	bash scripts/examples-setup.sh
+
+polyglot: build examples-setup ## End to end: the Python worker runs 100 tasks the Node client submits to `taskmesh serve`
+	bash scripts/polyglot-e2e.sh

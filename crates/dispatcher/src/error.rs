@@ -18,6 +18,12 @@ pub enum Error {
     /// Coordination failed.
     #[error(transparent)]
     Coord(#[from] taskmesh_coord::Error),
+    /// The gRPC server could not start or failed while serving.
+    #[error("grpc server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The reflection service could not be built from the descriptor set.
+    #[error("grpc reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
 }
 
 impl Error {
@@ -28,6 +34,7 @@ impl Error {
             Error::NotFound(_) => ErrorCode::NotFound,
             Error::Store(e) => e.code(),
             Error::Coord(e) => e.code(),
+            Error::Transport(_) | Error::Reflection(_) => ErrorCode::Internal,
         }
     }
 }

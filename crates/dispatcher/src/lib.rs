@@ -9,6 +9,7 @@ mod balancer;
 pub mod convert;
 mod engine;
 mod error;
+mod health;
 pub mod layers;
 mod registry;
 mod schedule_api;
@@ -32,6 +33,7 @@ use tracing::{info, warn};
 
 pub use engine::Shared;
 pub use error::{Error, grpc_code};
+pub use health::HEALTH_SERVICE_NAMES;
 pub use registry::Registry;
 pub use stream::DispatcherService;
 pub use task_api::TaskApiService;
@@ -53,6 +55,9 @@ pub struct DispatcherOptions {
     pub max_concurrent_requests: usize,
     /// Most tasks claimed per store transaction.
     pub claim_batch: usize,
+    /// How often the store and coordination are pinged to decide the gRPC
+    /// health status (each ping is also bounded by this).
+    pub health_interval: Duration,
 }
 
 impl Default for DispatcherOptions {
@@ -65,6 +70,7 @@ impl Default for DispatcherOptions {
             request_timeout: Duration::from_secs(30),
             max_concurrent_requests: 1024,
             claim_batch: 256,
+            health_interval: Duration::from_secs(2),
         }
     }
 }
@@ -136,15 +142,31 @@ impl Dispatcher {
         &self.shared
     }
 
-    /// Serves gRPC on `listener` until `shutdown`, running the engine
-    /// alongside.
+    /// Serves gRPC on `listener` until `shutdown`, running the engine and
+    /// the health watch alongside: `TaskApi`, `Dispatcher`,
+    /// `grpc.health.v1.Health` and server reflection (v1 and v1alpha).
     pub async fn serve(
         self,
         listener: TcpListener,
         shutdown: CancellationToken,
-    ) -> Result<(), tonic::transport::Error> {
+    ) -> Result<(), Error> {
         let Dispatcher { shared, reaped } = self;
         let opts = shared.opts.clone();
+        // Built first: the descriptor set is fixed at compile time, but a bad
+        // one must stop the node before it listens, not fail per request.
+        let (reflection_v1, reflection_v1alpha) = health::reflection()?;
+
+        // The first probe runs before the port opens, so the very first
+        // health check already tells the truth (and names every service).
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let mut health = health::HealthWatch::new(
+            reporter,
+            shared.store.clone(),
+            shared.coord.clone(),
+            opts.health_interval,
+        );
+        health.probe().await;
+        let health_task = tokio::spawn(health.run(shutdown.clone()));
         let engine = tokio::spawn(engine::run(shared.clone(), reaped, shutdown.clone()));
 
         let max = opts.max_message_bytes;
@@ -166,9 +188,17 @@ impl Dispatcher {
             // (streams are unaffected once their response has started).
             .timeout(opts.request_timeout)
             // Then shedding: refuse at once past the limit rather than queue.
+            // Health checks pass through it on purpose: a node refusing work
+            // should also look unavailable to a load balancer's probe.
             .layer(layers::ShedLayer::new(opts.max_concurrent_requests))
+            // The contract's services.
             .add_service(task_api)
             .add_service(dispatcher)
+            // Operations: health follows the store and coordination; reflection
+            // lets grpcurl and friends discover the contract without proto/.
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
             .serve_with_incoming_shutdown(incoming, async move {
                 shutdown.cancelled().await;
                 for tx in drain.registry.senders() {
@@ -185,6 +215,9 @@ impl Dispatcher {
         if let Err(err) = engine.await {
             warn!(error = %err, "dispatch engine ended abnormally");
         }
-        result
+        if let Err(err) = health_task.await {
+            warn!(error = %err, "health watch ended abnormally");
+        }
+        Ok(result?)
     }
 }

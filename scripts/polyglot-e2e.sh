@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# End-to-end proof that the contract works from other languages: a real
+# `taskmesh serve` (free loopback ports, a temporary data dir), the Python
+# worker from examples/python-worker, the Node client from
+# examples/node-client. Run scripts/examples-setup.sh first (`make polyglot`
+# does both).
+#
+# Checks, in order: health and reflection from Python; the worker registers;
+# 100 tasks submitted by Node all SUCCEEDED (watched, then read back with
+# GetTask, outputs equal to payloads); a failing handler ends FAILED; tasks
+# running at SIGTERM are finished by the drain; the worker exits 0; its own
+# count agrees with the Node client's task ids exactly.
+#
+# Every wait has a deadline; every process started here is stopped on exit,
+# failure or interrupt (trap); the last line is "N passed, M failed".
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bin="${TASKMESH_BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/taskmesh-target}/debug/taskmesh}"
+py="$root/examples/python-worker/.venv/bin/python"
+worker_dir="$root/examples/python-worker"
+client="$root/examples/node-client/client.js"
+for need in "$bin" "$py" "$root/examples/node-client/node_modules"; do
+  if [ ! -e "$need" ]; then
+    echo "polyglot: $need is missing; run \`make polyglot\` (it builds and sets up first)" >&2
+    exit 1
+  fi
+done
+
+tmp="$(mktemp -d)"
+server_pid=""
+worker_pid=""
+passed=0
+failed=0
+
+stop_process() { # pid name: SIGTERM, up to 10 s, then SIGKILL
+  local pid="$1" name="$2"
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null
+  if ! wait_until 10 process_gone "$pid"; then
+    echo "polyglot: $name ($pid) ignored SIGTERM for 10 s; killing it" >&2
+    kill -KILL "$pid" 2>/dev/null
+  fi
+  wait "$pid" 2>/dev/null
+}
+
+cleanup() {
+  local code=$?
+  stop_process "$worker_pid" "python worker"
+  stop_process "$server_pid" "taskmesh serve"
+  if [ "$failed" -gt 0 ] || [ "$code" -ne 0 ]; then
+    for log in serve.log worker.log; do
+      [ -s "$tmp/$log" ] && { echo "--- last lines of $log"; tail -n 40 "$tmp/$log"; }
+    done
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'echo "polyglot: interrupted" >&2; exit 130' INT TERM
+
+# wait_until SECONDS COMMAND...: runs COMMAND until it succeeds or the
+# deadline passes. The pause between tries is a polling interval, not a
+# synchronisation sleep.
+wait_until() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    [ "$SECONDS" -ge "$deadline" ] && return 1
+    sleep 0.1
+  done
+}
+process_gone() { ! kill -0 "$1" 2>/dev/null; }
+
+check() { # name command...: one counted check
+  local name="$1"
+  shift
+  if "$@"; then
+    echo "PASS $name"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name"
+    failed=$((failed + 1))
+  fi
+}
+
+free_port() {
+  "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+grpc_port="$(free_port)"
+http_port="$(free_port)"
+server="127.0.0.1:$grpc_port"
+node_client() { node "$client" "$1" --server "$server" "${@:2}"; }
+
+echo "polyglot: taskmesh serve on $server (data in $tmp/data)"
+NO_COLOR=1 "$bin" serve --data-dir "$tmp/data" --grpc-addr "$server" \
+  --http-addr "127.0.0.1:$http_port" >"$tmp/serve.log" 2>&1 &
+server_pid=$!
+
+# Health doubles as the readiness wait: check_server.py polls it until
+# SERVING, for at most 60 s.
+check "python: health answers SERVING for the server, TaskApi and Dispatcher" \
+  "$py" "$worker_dir/check_server.py" --server "$server" --only health --wait 60
+check "python: reflection lists TaskApi, Dispatcher and Worker and resolves them" \
+  "$py" "$worker_dir/check_server.py" --server "$server" --only reflection
+
+"$py" "$worker_dir/worker.py" --server "$server" --worker-id py-e2e --concurrency 8 \
+  --stats-file "$tmp/worker-stats.json" >"$tmp/worker.log" 2>&1 &
+worker_pid=$!
+check "node: the python worker is registered (ListWorkers)" \
+  node_client workers --handler py.echo --worker-id py-e2e --wait 30
+
+check "node: 100 py.echo tasks SUCCEEDED, outputs equal payloads" \
+  node_client run --handler py.echo --count 100 --check-echo --timeout 120 \
+  --ids-file "$tmp/echo-ids"
+check "node: a py.fail task ends FAILED with the handler's message" \
+  node_client run --handler py.fail --payload '{"message":"boom","retryable":false}' \
+  --expect FAILED --timeout 60
+
+drained() {
+  node_client submit --handler py.sleep --payload '{"ms":1500}' --count 3 \
+    --until RUNNING --timeout 60 --ids-file "$tmp/sleep-ids" || return 1
+  kill -TERM "$worker_pid"
+  node_client watch --ids-file "$tmp/sleep-ids" --expect SUCCEEDED --timeout 60
+}
+check "node: tasks running at SIGTERM are finished by the worker's drain" drained
+
+worker_exit() {
+  wait_until 60 process_gone "$worker_pid" || { echo "worker still running after 60 s"; return 1; }
+  wait "$worker_pid"
+  local code=$?
+  worker_pid=""
+  echo "python worker exit code $code: $(tail -n 1 "$tmp/worker.log")"
+  [ "$code" -eq 0 ]
+}
+check "python: the worker drained and exited 0" worker_exit
+
+cross_check() {
+  [ -s "$tmp/worker-stats.json" ] || { echo "no worker stats"; return 1; }
+  cat "$tmp/echo-ids" "$tmp/sleep-ids" >"$tmp/succeeded-ids"
+  "$py" - "$tmp/worker-stats.json" "$tmp/succeeded-ids" <<'PY'
+import json, sys
+stats = json.load(open(sys.argv[1]))
+node_ids = set(open(sys.argv[2]).read().split())
+worker_ids = set(stats["succeeded_task_ids"])
+problems = []
+if worker_ids != node_ids:
+    problems.append(f"{len(node_ids - worker_ids)} ids only in node, "
+                    f"{len(worker_ids - node_ids)} only in the worker")
+want = {"succeeded": 103, "failed": 1, "results_accepted": 104, "results_refused": 0,
+        "rejected": 0, "sessions": 1}
+for key, value in want.items():
+    if stats[key] != value:
+        problems.append(f"{key}={stats[key]}, want {value}")
+print("worker counted " + " ".join(f"{k}={stats[k]}" for k in want) + "; "
+      + ("; ".join(problems) if problems else f"{len(worker_ids)} task ids match node's"))
+sys.exit(1 if problems else 0)
+PY
+}
+check "python: the worker's own count matches the node client's tasks" cross_check
+
+echo "polyglot: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
