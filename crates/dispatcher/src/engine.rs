@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     DispatcherOptions,
+    batcher::Batcher,
     convert::{duration, timestamp},
     registry::Registry,
 };
@@ -44,6 +45,8 @@ pub struct Shared {
     pub scheduler: SchedulerHandle,
     /// Circuit breakers per handler: results are recorded here.
     pub breakers: Breakers,
+    /// Group commit of ACKs and results.
+    pub batcher: Batcher,
 }
 
 impl Shared {
@@ -61,7 +64,7 @@ impl Shared {
             Event::Fail { .. } => Some(false),
             _ => None,
         };
-        let result = self.store.transition(task_id, &event, now).await;
+        let result = self.batcher.apply(task_id, event).await;
         if let (Some(success), Ok(task)) = (outcome, &result) {
             self.breakers.record(&task.handler, success, now);
         }
@@ -123,6 +126,11 @@ pub async fn run(shared: Shared, mut reaped: mpsc::Receiver<Reaped>, shutdown: C
                 continue;
             }
         }
+        // Coalesce: one round serves every change already queued (a burst
+        // of new tasks from one commit costs one claim, not one each).
+        while let Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) =
+            changes.try_recv()
+        {}
         if let Err(err) = dispatch_round(&shared).await {
             warn!(error = %err, "dispatch round failed");
         }

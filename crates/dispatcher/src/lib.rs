@@ -6,6 +6,7 @@
 //! or JSON (that is the gateway's job) and never writes SQL (the store's).
 
 mod balancer;
+mod batcher;
 pub mod convert;
 mod engine;
 mod error;
@@ -31,6 +32,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+pub use batcher::Batcher;
 pub use engine::Shared;
 pub use error::{Error, grpc_code};
 pub use health::HEALTH_SERVICE_NAMES;
@@ -95,13 +97,14 @@ impl Dispatcher {
         Self {
             shared: Shared {
                 opts,
-                store,
                 coord,
-                clock,
                 registry: Registry::default(),
                 wake: Arc::new(Notify::new()),
                 scheduler,
                 breakers,
+                batcher: Batcher::start(store.clone(), clock.clone(), 1_024),
+                store,
+                clock,
             },
             reaped,
         }

@@ -213,11 +213,10 @@ async fn on_ack(shared: &Shared, session_id: &str, tx: &StreamTx, ack: pb::TaskA
         );
         return;
     }
-    let now = shared.clock.now_millis();
     let event = Event::Ack {
         execution_id: ack.execution_id.clone(),
     };
-    match shared.store.transition(&ack.task_id, &event, now).await {
+    match shared.batcher.apply(&ack.task_id, event).await {
         Ok(task) => {
             debug!(task_id = %ack.task_id, attempt = task.attempt, execution_id = %ack.execution_id, "task running");
             shared.scheduler.wake();
@@ -300,7 +299,7 @@ async fn on_complete(shared: &Shared, session_id: &str, tx: &StreamTx, done: pb:
         .await
     {
         Ok(task) => {
-            info!(task_id = %task.id, attempt = task.attempt, execution_id = %done.execution_id, state = %task.state, "result recorded");
+            debug!(task_id = %task.id, attempt = task.attempt, execution_id = %done.execution_id, state = %task.state, "result recorded");
             receipt(tx, &done.task_id, &done.execution_id, Ok(()));
         }
         Err(err) => {

@@ -13,7 +13,7 @@ use taskmesh_store::TaskFilter;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     Error,
@@ -178,7 +178,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             .map_err(Error::from)?;
         let t = &created.task;
         if !created.existing {
-            info!(task_id = %t.id, handler = %t.handler, state = %t.state, "task submitted");
+            debug!(task_id = %t.id, handler = %t.handler, state = %t.state, "task submitted");
             match t.state {
                 TaskState::Ready => self.shared.wake.notify_one(),
                 _ => self.shared.scheduler.wake(),

@@ -7,7 +7,7 @@
 use taskmesh_core::schedule::{FireOutcome, FireRecord, OverlapPolicy, ScheduleRecord, plan_fires};
 use taskmesh_core::{Event, UnixMillis, id};
 use taskmesh_store::FireCommit;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::{Reaped, Scheduler};
 
@@ -19,16 +19,50 @@ impl Scheduler {
             .due_schedules(now, self.opts.batch)
             .await
             .map_err(|e| e.to_string())?;
+        // Plan every due schedule, then write all of them in one
+        // transaction: schedules due at the same instant cost one commit.
+        let mut commits = Vec::with_capacity(due.len());
+        let mut planned = Vec::with_capacity(due.len());
         for schedule in &due {
-            if let Err(err) = self.fire(schedule, now).await {
-                warn!(schedule_id = %schedule.id, error = %err, "schedule fire failed");
+            match self.prepare(schedule, now).await {
+                Ok(commit) => {
+                    planned.push(schedule);
+                    commits.push(commit);
+                }
+                Err(err) => warn!(schedule_id = %schedule.id, error = %err, "schedule cannot fire"),
+            }
+        }
+        if !commits.is_empty() {
+            let next: Vec<_> = commits.iter().map(|c| c.schedule.next_fire_at).collect();
+            let fired: Vec<_> = commits.iter().map(|c| c.fires.len()).collect();
+            let results = self
+                .store
+                .commit_fires_many(commits, now)
+                .await
+                .map_err(|e| e.to_string())?;
+            for (i, result) in results.into_iter().enumerate() {
+                let schedule = planned[i];
+                match result {
+                    Ok(Some(done)) => self.fired(schedule, done, fired[i], next[i]).await,
+                    Ok(None) => {
+                        debug!(schedule_id = %schedule.id, "schedule changed meanwhile; its fire is left to the next round")
+                    }
+                    Err(err) => {
+                        warn!(schedule_id = %schedule.id, error = %err, "schedule fire failed")
+                    }
+                }
             }
         }
         self.fixed_delay_round(now).await?;
         Ok(due.len())
     }
 
-    async fn fire(&self, schedule: &ScheduleRecord, now: UnixMillis) -> Result<(), String> {
+    /// Plans one due schedule's fires as a commit.
+    async fn prepare(
+        &self,
+        schedule: &ScheduleRecord,
+        now: UnixMillis,
+    ) -> Result<FireCommit, String> {
         let plan = plan_fires(
             schedule,
             now,
@@ -40,7 +74,10 @@ impl Scheduler {
         next.next_fire_at = plan.next_fire_at;
 
         // Is the previous run still going?
+        // Only SKIP and CANCEL_PREVIOUS need to know whether the previous run
+        // is still going; ALLOW saves the read.
         let mut previous_live = match &schedule.last_task_id {
+            Some(_) if schedule.overlap == OverlapPolicy::Allow => None,
             Some(id) => self
                 .store
                 .get_task(id)
@@ -105,16 +142,17 @@ impl Scheduler {
             commit.schedule.last_fire_at = Some(planned.fire_at);
             commit.fires.push(record);
         }
-        let fired = commit.fires.len();
-        let Some(done) = self
-            .store
-            .commit_fires(commit, now)
-            .await
-            .map_err(|e| e.to_string())?
-        else {
-            debug!(schedule_id = %schedule.id, "schedule changed meanwhile; its fire is left to the next round");
-            return Ok(());
-        };
+        Ok(commit)
+    }
+
+    /// After a committed fire: tell the dispatcher about a cancelled run.
+    async fn fired(
+        &self,
+        schedule: &ScheduleRecord,
+        done: taskmesh_store::FireCommitted,
+        fires: usize,
+        next_fire_at: Option<UnixMillis>,
+    ) {
         if let Some(prev) = done.cancelled
             && let Some(execution_id) = prev.execution_id
         {
@@ -126,20 +164,19 @@ impl Scheduler {
                 })
                 .await;
         }
-        info!(
+        debug!(
             schedule_id = %schedule.id,
-            fires = fired,
+            fires,
             created = done.tasks.len(),
-            next_fire_at = ?plan.next_fire_at,
+            next_fire_at = ?next_fire_at,
             "schedule fired"
         );
-        if plan.next_fire_at.is_none()
+        if next_fire_at.is_none()
             && schedule.kind == taskmesh_core::schedule::ScheduleKind::FixedDelay
         {
             self.awaiting_runs
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
-        Ok(())
     }
 
     /// Fixed-delay schedules whose last run ended get their next fire time.

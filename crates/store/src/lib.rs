@@ -235,7 +235,21 @@ pub trait Store: Send + Sync + 'static {
         &self,
         commit: FireCommit,
         now: UnixMillis,
-    ) -> Result<Option<FireCommitted>>;
+    ) -> Result<Option<FireCommitted>> {
+        self.commit_fires_many(vec![commit], now)
+            .await?
+            .pop()
+            .unwrap_or(Ok(None))
+    }
+
+    /// [`Store::commit_fires`] for many schedules in one transaction (one
+    /// commit for every schedule due at the same instant); each commit
+    /// succeeds or fails on its own, results in input order.
+    async fn commit_fires_many(
+        &self,
+        commits: Vec<FireCommit>,
+        now: UnixMillis,
+    ) -> Result<Vec<Result<Option<FireCommitted>>>>;
 
     /// The most recent fires of a schedule, newest first.
     async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>>;

@@ -289,58 +289,44 @@ impl SqliteStore {
         Ok(out)
     }
 
-    pub(super) async fn sched_commit(
+    pub(super) async fn sched_commit_many(
         &self,
-        commit: FireCommit,
+        commits: Vec<FireCommit>,
         now: UnixMillis,
-    ) -> Result<Option<FireCommitted>> {
+    ) -> Result<Vec<Result<Option<FireCommitted>>>> {
         let mut tx = self.begin_write().await?;
-        if !write_cas(&mut tx, &commit.schedule, commit.expected_version).await? {
-            return Ok(None);
-        }
-        let mut committed = FireCommitted::default();
-        let mut changes = Vec::new();
-        if let Some((task_id, event)) = &commit.cancel {
-            let before = tx::load_task(&mut tx, task_id).await?;
-            match tx::transition_one(&mut tx, task_id, event, now).await {
-                Ok(after) => {
-                    changes.push(change_of(&after));
-                    committed.cancelled = before;
+        let mut results = Vec::with_capacity(commits.len());
+        let mut task_changes = Vec::new();
+        let mut schedules = Vec::new();
+        for commit in commits {
+            // A savepoint per schedule: one failing commit leaves nothing
+            // half-written and does not undo the others.
+            sqlx::query("SAVEPOINT fire").execute(&mut *tx).await?;
+            let schedule = commit.schedule.clone();
+            match commit_one(&mut tx, commit, now).await {
+                Ok(Some((done, changes))) => {
+                    sqlx::query("RELEASE fire").execute(&mut *tx).await?;
+                    task_changes.extend(changes);
+                    schedules.push(schedule);
+                    results.push(Ok(Some(done)));
                 }
-                // It ended meanwhile: nothing to cancel.
-                Err(Error::Transition(_) | Error::NotFound(_)) => {}
-                Err(err) => return Err(err),
+                Ok(None) => {
+                    sqlx::query("RELEASE fire").execute(&mut *tx).await?;
+                    results.push(Ok(None));
+                }
+                Err(err) => {
+                    sqlx::query("ROLLBACK TO fire").execute(&mut *tx).await?;
+                    sqlx::query("RELEASE fire").execute(&mut *tx).await?;
+                    results.push(Err(err));
+                }
             }
-        }
-        for (task, fingerprint) in commit.tasks {
-            if let Some(key) = &task.client_request_id
-                && let Some((stored, _)) = tx::find_by_request_id(&mut tx, key).await?
-            {
-                committed.tasks.push(stored);
-                continue;
-            }
-            let record = task.into_record(now);
-            tx::insert_task(&mut tx, &record, &fingerprint).await??;
-            changes.push(change_of(&record));
-            committed.tasks.push(record);
-        }
-        for f in &commit.fires {
-            sqlx::query(
-                "INSERT INTO schedule_fires (schedule_id, fire_at, handled_at, outcome, task_id) \
-                 VALUES (?, ?, ?, ?, ?) ON CONFLICT (schedule_id, fire_at) DO NOTHING",
-            )
-            .bind(commit.schedule.id.clone())
-            .bind(f.fire_at)
-            .bind(f.handled_at)
-            .bind(f.outcome.as_str())
-            .bind(f.task_id.clone())
-            .execute(&mut *tx)
-            .await?;
         }
         tx.commit().await?;
-        self.publish(changes);
-        self.publish_schedule(&commit.schedule);
-        Ok(Some(committed))
+        self.publish(task_changes);
+        for s in &schedules {
+            self.publish_schedule(s);
+        }
+        Ok(results)
     }
 
     pub(super) async fn sched_recent_fires(&self, id: &str, limit: u32) -> Result<Vec<FireRecord>> {
@@ -354,4 +340,56 @@ impl SqliteStore {
         .await?;
         rows.iter().map(fire_from_row).collect()
     }
+}
+
+/// One schedule's fire commit inside the caller's transaction; `None` when
+/// the schedule's version moved (nothing written).
+async fn commit_one(
+    tx: &mut SqliteConnection,
+    commit: FireCommit,
+    now: UnixMillis,
+) -> Result<Option<(FireCommitted, Vec<crate::TaskChange>)>> {
+    if !write_cas(tx, &commit.schedule, commit.expected_version).await? {
+        return Ok(None);
+    }
+    let mut committed = FireCommitted::default();
+    let mut changes = Vec::new();
+    if let Some((task_id, event)) = &commit.cancel {
+        let before = tx::load_task(tx, task_id).await?;
+        match tx::transition_one(tx, task_id, event, now).await {
+            Ok(after) => {
+                changes.push(change_of(&after));
+                committed.cancelled = before;
+            }
+            // It ended meanwhile: nothing to cancel.
+            Err(Error::Transition(_) | Error::NotFound(_)) => {}
+            Err(err) => return Err(err),
+        }
+    }
+    for (task, fingerprint) in commit.tasks {
+        if let Some(key) = &task.client_request_id
+            && let Some((stored, _)) = tx::find_by_request_id(tx, key).await?
+        {
+            committed.tasks.push(stored);
+            continue;
+        }
+        let record = task.into_record(now);
+        tx::insert_task(tx, &record, &fingerprint).await??;
+        changes.push(change_of(&record));
+        committed.tasks.push(record);
+    }
+    for f in &commit.fires {
+        sqlx::query(
+            "INSERT INTO schedule_fires (schedule_id, fire_at, handled_at, outcome, task_id) \
+             VALUES (?, ?, ?, ?, ?) ON CONFLICT (schedule_id, fire_at) DO NOTHING",
+        )
+        .bind(commit.schedule.id.clone())
+        .bind(f.fire_at)
+        .bind(f.handled_at)
+        .bind(f.outcome.as_str())
+        .bind(f.task_id.clone())
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(Some((committed, changes)))
 }

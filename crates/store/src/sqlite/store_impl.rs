@@ -371,12 +371,12 @@ impl Store for SqliteStore {
         self.sched_awaiting(limit).await
     }
 
-    async fn commit_fires(
+    async fn commit_fires_many(
         &self,
-        commit: FireCommit,
+        commits: Vec<FireCommit>,
         now: UnixMillis,
-    ) -> Result<Option<FireCommitted>> {
-        self.sched_commit(commit, now).await
+    ) -> Result<Vec<Result<Option<FireCommitted>>>> {
+        self.sched_commit_many(commits, now).await
     }
 
     async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>> {

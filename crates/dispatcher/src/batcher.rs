@@ -1,0 +1,78 @@
+//! Group commit for the hot path: ACKs and results from every worker stream
+//! are written in batches, one store transaction (one fsync) per batch
+//! instead of one per event. A caller's future resolves only after its
+//! batch committed, so a worker is told "recorded" only once it is durable.
+//!
+//! Batches form by themselves: while one transaction commits, new events
+//! queue up and go together in the next. Under light load a batch is one
+//! event and nothing waits for a timer.
+
+use std::sync::Arc;
+
+use taskmesh_core::{Clock, Event, TaskRecord};
+use taskmesh_store::{Error, Store};
+use tokio::sync::{mpsc, oneshot};
+use tracing::warn;
+
+struct Job {
+    task_id: String,
+    event: Event,
+    reply: oneshot::Sender<Result<TaskRecord, Error>>,
+}
+
+/// A handle to the batch writer (cheap to clone).
+#[derive(Clone)]
+pub struct Batcher {
+    tx: mpsc::Sender<Job>,
+}
+
+impl Batcher {
+    /// Starts the writer task; at most `max_batch` events per transaction.
+    pub fn start(store: Arc<dyn Store>, clock: Arc<dyn Clock>, max_batch: usize) -> Self {
+        let max_batch = max_batch.max(1);
+        // Bounded: past this many queued events callers wait (back-pressure
+        // on the worker streams), nothing is dropped.
+        let (tx, mut rx) = mpsc::channel::<Job>(max_batch * 4);
+        tokio::spawn(async move {
+            let mut jobs = Vec::with_capacity(max_batch);
+            while rx.recv_many(&mut jobs, max_batch).await > 0 {
+                let events: Vec<(String, Event)> = jobs
+                    .iter()
+                    .map(|j| (j.task_id.clone(), j.event.clone()))
+                    .collect();
+                let now = clock.now_millis();
+                match store.transition_many(&events, now).await {
+                    Ok(results) => {
+                        for (job, result) in jobs.drain(..).zip(results) {
+                            let _ = job.reply.send(result);
+                        }
+                    }
+                    Err(err) => {
+                        warn!(error = %err, batch = jobs.len(), "batched write failed");
+                        let msg = err.to_string();
+                        for job in jobs.drain(..) {
+                            let _ = job.reply.send(Err(Error::Unavailable(msg.clone())));
+                        }
+                    }
+                }
+            }
+        });
+        Self { tx }
+    }
+
+    /// Applies `event` to the task in the next batch; resolves once that
+    /// batch is durable.
+    pub async fn apply(&self, task_id: &str, event: Event) -> Result<TaskRecord, Error> {
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            task_id: task_id.to_string(),
+            event,
+            reply,
+        };
+        if self.tx.send(job).await.is_err() {
+            return Err(Error::Unavailable("the batch writer has stopped".into()));
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(Error::Unavailable("the batch writer has stopped".into())))
+    }
+}
