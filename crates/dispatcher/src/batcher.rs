@@ -41,7 +41,7 @@ impl Batcher {
                     .map(|j| (j.task_id.clone(), j.event.clone()))
                     .collect();
                 let now = clock.now_millis();
-                match store.transition_many(&events, now).await {
+                match store.transition_many(&events, now, None).await {
                     Ok(results) => {
                         for (job, result) in jobs.drain(..).zip(results) {
                             let _ = job.reply.send(result);

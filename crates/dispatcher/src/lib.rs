@@ -129,7 +129,7 @@ impl Dispatcher {
             })
             .collect();
         let now = self.shared.clock.now_millis();
-        let results = store.transition_many(&events, now).await?;
+        let results = store.transition_many(&events, now, None).await?;
         let recovered = results.iter().filter(|r| r.is_ok()).count();
         if recovered > 0 {
             info!(

@@ -341,7 +341,7 @@ async fn lose_session(shared: &Shared, session_id: &str, reason: &str) {
             })
         })
         .collect();
-    match shared.store.transition_many(&events, now).await {
+    match shared.store.transition_many(&events, now, None).await {
         Ok(results) => {
             for ((task_id, _), r) in events.iter().zip(results) {
                 match r {

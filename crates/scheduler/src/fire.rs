@@ -13,7 +13,11 @@ use crate::{Reaped, Scheduler};
 
 impl Scheduler {
     /// Fires due schedules; returns how many were due.
-    pub(crate) async fn schedules_round(&self, now: UnixMillis) -> Result<usize, String> {
+    pub(crate) async fn schedules_round(
+        &self,
+        now: UnixMillis,
+        fence: u64,
+    ) -> Result<usize, String> {
         let due = self
             .store
             .due_schedules(now, self.opts.batch)
@@ -37,7 +41,7 @@ impl Scheduler {
             let fired: Vec<_> = commits.iter().map(|c| c.fires.len()).collect();
             let results = self
                 .store
-                .commit_fires_many(commits, now)
+                .commit_fires_many(commits, now, Some(fence))
                 .await
                 .map_err(|e| e.to_string())?;
             for (i, result) in results.into_iter().enumerate() {
@@ -53,7 +57,7 @@ impl Scheduler {
                 }
             }
         }
-        self.fixed_delay_round(now).await?;
+        self.fixed_delay_round(now, fence).await?;
         Ok(due.len())
     }
 
@@ -180,7 +184,7 @@ impl Scheduler {
     }
 
     /// Fixed-delay schedules whose last run ended get their next fire time.
-    async fn fixed_delay_round(&self, now: UnixMillis) -> Result<(), String> {
+    async fn fixed_delay_round(&self, now: UnixMillis, fence: u64) -> Result<(), String> {
         let waiting = self
             .store
             .schedules_awaiting_run_end(self.opts.batch)
@@ -188,6 +192,7 @@ impl Scheduler {
             .map_err(|e| e.to_string())?;
         self.awaiting_runs
             .store(!waiting.is_empty(), std::sync::atomic::Ordering::Relaxed);
+        let mut commits = Vec::new();
         for (schedule, task) in waiting {
             let ended_at = match &task {
                 Some(t) if t.state.is_terminal() => t.times.end.unwrap_or(now),
@@ -202,14 +207,27 @@ impl Scheduler {
             next.version += 1;
             next.updated_at = now;
             next.next_fire_at = tt.next_after_run(ended_at);
-            match self.store.update_schedule(&next, schedule.version).await {
-                Ok(true) => {
-                    debug!(schedule_id = %schedule.id, next_fire_at = ?next.next_fire_at, "fixed-delay run ended")
-                }
-                Ok(false) => {}
-                Err(err) => {
-                    warn!(schedule_id = %schedule.id, error = %err, "fixed-delay update failed")
-                }
+            // A commit with no fires: only the schedule moves, fenced like
+            // every other leader write.
+            commits.push(FireCommit {
+                schedule: next,
+                expected_version: schedule.version,
+                fires: Vec::new(),
+                tasks: Vec::new(),
+                cancel: None,
+            });
+        }
+        if commits.is_empty() {
+            return Ok(());
+        }
+        let results = self
+            .store
+            .commit_fires_many(commits, now, Some(fence))
+            .await
+            .map_err(|e| e.to_string())?;
+        for r in results {
+            if let Err(err) = r {
+                warn!(error = %err, "fixed-delay update failed");
             }
         }
         Ok(())

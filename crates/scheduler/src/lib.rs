@@ -202,7 +202,7 @@ impl Scheduler {
     /// One round at the clock's now, if this node holds the lease. Returns
     /// true when a batch was full (more is due: run again at once).
     pub async fn round(&self) -> Result<bool, String> {
-        let Some(_lease) = self
+        let Some(lease) = self
             .coord
             .acquire_or_renew()
             .await
@@ -211,8 +211,10 @@ impl Scheduler {
             return Ok(false);
         };
         let now = self.clock.now_millis();
-        let tasks = self.tasks_round(now).await?;
-        let schedules = self.schedules_round(now).await?;
+        // Every write of the round carries the lease's fencing token: if a
+        // newer leader has written meanwhile, the store refuses it.
+        let tasks = self.tasks_round(now, lease.token).await?;
+        let schedules = self.schedules_round(now, lease.token).await?;
         Ok(tasks >= self.opts.batch || schedules >= self.opts.batch)
     }
 }

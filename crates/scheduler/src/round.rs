@@ -10,7 +10,7 @@ use crate::{Reaped, Scheduler};
 
 impl Scheduler {
     /// Handles due tasks; returns how many were due (for batching).
-    pub(crate) async fn tasks_round(&self, now: i64) -> Result<usize, String> {
+    pub(crate) async fn tasks_round(&self, now: i64, fence: u64) -> Result<usize, String> {
         let due = self
             .store
             .due_tasks(now, self.opts.batch)
@@ -46,7 +46,7 @@ impl Scheduler {
         }
         let results = self
             .store
-            .transition_many(&events, now)
+            .transition_many(&events, now, Some(fence))
             .await
             .map_err(|e| e.to_string())?;
         for (((task_id, event), result), task) in events.into_iter().zip(results).zip(&due) {

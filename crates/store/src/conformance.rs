@@ -70,6 +70,7 @@ macro_rules! store_conformance_suite {
             fire_commit_is_atomic_and_idempotent,
             fire_commit_cancels_the_previous_run,
             awaiting_run_end_lists_fixed_delay_waiters,
+            fenced_writes_from_an_old_leader_are_refused,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -180,6 +181,7 @@ fn all_filter(limit: u32) -> TaskFilter {
 mod batch_watch;
 mod claims;
 mod create_list;
+mod fence;
 mod lifecycle;
 mod schedules;
 mod scheduling;
@@ -187,6 +189,7 @@ mod scheduling;
 pub use batch_watch::{subscribe_sees_changes, survives_reopen, transition_many_mixed};
 pub use claims::{claim_order_limit_and_chooser, concurrent_claimers_never_double_claim};
 pub use create_list::{concurrent_idempotent_creates, idempotent_create, list_filters_and_paging};
+pub use fence::fenced_writes_from_an_old_leader_are_refused;
 pub use lifecycle::{
     create_get_round_trip, full_life_records_attempts, missing_task_not_found,
     stale_execution_refused, terminal_stays_terminal,

@@ -14,6 +14,10 @@ pub enum Error {
     /// The event does not apply to the task as it is.
     #[error(transparent)]
     Transition(#[from] TransitionError),
+    /// A leader write carried a fencing token older than the newest one the
+    /// store has seen: the writer was deposed.
+    #[error("fenced: {0}")]
+    Fenced(String),
     /// Lost the compare-and-set too many times in a row.
     #[error("task {0} changed concurrently; try again")]
     Conflict(String),
@@ -33,6 +37,7 @@ impl Error {
             Error::AlreadyExists(_) => ErrorCode::AlreadyExists,
             Error::Transition(_) => ErrorCode::FailedPrecondition,
             Error::Conflict(_) => ErrorCode::Aborted,
+            Error::Fenced(_) => ErrorCode::FailedPrecondition,
             Error::Unavailable(_) => ErrorCode::Unavailable,
             Error::Internal(_) => ErrorCode::Internal,
         }

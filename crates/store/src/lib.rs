@@ -148,10 +148,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// Applies many events in one transaction (one commit for the batch).
     /// Each event succeeds or fails on its own; the result is in input order.
+    /// With `fence = Some(token)` (a write made as leader) the transaction
+    /// first checks the token is not older than the newest leader token the
+    /// store has seen, and records it; an older one is [`Error::Fenced`] and
+    /// nothing is written.
     async fn transition_many(
         &self,
         events: &[(String, Event)],
         now: UnixMillis,
+        fence: Option<u64>,
     ) -> Result<Vec<Result<TaskRecord>>>;
 
     /// Moves up to `limit` READY tasks of `handler` to DISPATCHING, highest
@@ -236,7 +241,7 @@ pub trait Store: Send + Sync + 'static {
         commit: FireCommit,
         now: UnixMillis,
     ) -> Result<Option<FireCommitted>> {
-        self.commit_fires_many(vec![commit], now)
+        self.commit_fires_many(vec![commit], now, None)
             .await?
             .pop()
             .unwrap_or(Ok(None))
@@ -244,12 +249,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// [`Store::commit_fires`] for many schedules in one transaction (one
     /// commit for every schedule due at the same instant); each commit
-    /// succeeds or fails on its own, results in input order.
+    /// succeeds or fails on its own, results in input order. `fence` as in
+    /// [`Store::transition_many`].
     async fn commit_fires_many(
         &self,
         commits: Vec<FireCommit>,
         now: UnixMillis,
+        fence: Option<u64>,
     ) -> Result<Vec<Result<Option<FireCommitted>>>>;
+
+    /// The newest leader fencing token written so far (0 if none).
+    async fn fence_token(&self) -> Result<u64>;
 
     /// The most recent fires of a schedule, newest first.
     async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>>;

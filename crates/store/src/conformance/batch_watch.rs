@@ -31,7 +31,7 @@ pub async fn transition_many_mixed(fixture: &dyn StoreFixture) {
         ),
     ];
     let results = store
-        .transition_many(&events, T0 + 1)
+        .transition_many(&events, T0 + 1, None)
         .await
         .expect("transition_many");
     assert_eq!(results.len(), 5);
@@ -64,7 +64,7 @@ pub async fn transition_many_mixed(fixture: &dyn StoreFixture) {
     assert!(store.get_task(&missing).await.expect("get").is_none());
 
     let empty = store
-        .transition_many(&[], T0 + 2)
+        .transition_many(&[], T0 + 2, None)
         .await
         .expect("empty batch");
     assert!(empty.is_empty());

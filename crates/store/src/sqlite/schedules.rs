@@ -293,8 +293,10 @@ impl SqliteStore {
         &self,
         commits: Vec<FireCommit>,
         now: UnixMillis,
+        fence: Option<u64>,
     ) -> Result<Vec<Result<Option<FireCommitted>>>> {
         let mut tx = self.begin_write().await?;
+        tx::check_fence(&mut tx, fence).await?;
         let mut results = Vec::with_capacity(commits.len());
         let mut task_changes = Vec::new();
         let mut schedules = Vec::new();

@@ -211,8 +211,10 @@ impl Store for SqliteStore {
         &self,
         events: &[(String, Event)],
         now: UnixMillis,
+        fence: Option<u64>,
     ) -> Result<Vec<Result<TaskRecord>>> {
         let mut tx = self.begin_write().await?;
+        tx::check_fence(&mut tx, fence).await?;
         let mut results = Vec::with_capacity(events.len());
         for (id, event) in events {
             // A savepoint per event: an event failing half-way (say, on
@@ -375,8 +377,16 @@ impl Store for SqliteStore {
         &self,
         commits: Vec<FireCommit>,
         now: UnixMillis,
+        fence: Option<u64>,
     ) -> Result<Vec<Result<Option<FireCommitted>>>> {
-        self.sched_commit_many(commits, now).await
+        self.sched_commit_many(commits, now, fence).await
+    }
+
+    async fn fence_token(&self) -> Result<u64> {
+        let t: i64 = sqlx::query_scalar("SELECT token FROM fences WHERE name = 'leader'")
+            .fetch_one(&self.reader)
+            .await?;
+        Ok(u64::try_from(t).unwrap_or(0))
     }
 
     async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>> {

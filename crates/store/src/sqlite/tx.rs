@@ -163,3 +163,26 @@ pub(super) async fn transition_one(
     }
     Err(Error::Conflict(id.to_string()))
 }
+
+/// Raises the leader fence to `token` inside the caller's transaction, or
+/// refuses with [`Error::Fenced`] when a newer leader has written already.
+pub(super) async fn check_fence(conn: &mut SqliteConnection, fence: Option<u64>) -> Result<()> {
+    let Some(token) = fence else { return Ok(()) };
+    let token = i64::try_from(token)
+        .map_err(|_| Error::Internal(format!("fencing token {token} out of range")))?;
+    let raised = sqlx::query("UPDATE fences SET token = ? WHERE name = 'leader' AND token <= ?")
+        .bind(token)
+        .bind(token)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if raised == 1 {
+        return Ok(());
+    }
+    let newest: i64 = sqlx::query_scalar("SELECT token FROM fences WHERE name = 'leader'")
+        .fetch_one(&mut *conn)
+        .await?;
+    Err(Error::Fenced(format!(
+        "fencing token {token} is older than {newest}: this node is no longer the leader"
+    )))
+}
