@@ -2,18 +2,28 @@
 //! the cluster-wide worker registry and idempotency keys, behind the
 //! [`Coordinator`] trait.
 //!
+//! Two backends: [`LocalCoordinator`] (one process, in memory) and
+//! [`RedisCoordinator`] (many replicas sharing one Redis). Both pass the
+//! same [`conformance`] suite, so the rest of the system cannot tell them
+//! apart.
+//!
 //! Architecture invariant: a coordinator never touches SQL. The fencing token
 //! it hands out is the only proof of leadership the store accepts; a leader
 //! that lost its lease must stop acting as leader before its next round.
+//! Tokens strictly increase across leaders and are never handed out twice.
 
+pub mod conformance;
 mod local;
+mod redis;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use taskmesh_core::{ErrorCode, UnixMillis};
 
-pub use local::LocalCoordinator;
+pub use self::local::LocalCoordinator;
+pub use self::redis::{RedisCoordinator, RedisOptions, TokenFloor};
 
 /// Result of coordinator operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -21,6 +31,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What went wrong in coordination.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The request is malformed; nothing was changed.
+    #[error("invalid coordination request: {0}")]
+    InvalidArgument(String),
     /// The coordination service cannot be reached.
     #[error("coordination unavailable: {0}")]
     Unavailable(String),
@@ -33,6 +46,7 @@ impl Error {
     /// The transport-independent code of this error.
     pub fn code(&self) -> ErrorCode {
         match self {
+            Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Error::Unavailable(_) => ErrorCode::Unavailable,
             Error::Internal(_) => ErrorCode::Internal,
         }
@@ -88,20 +102,40 @@ pub struct WorkerLoad {
 }
 
 /// Leader election, worker registry and idempotency keys.
+///
+/// Timing contract of the lease: the holder calls
+/// [`acquire_or_renew`](Coordinator::acquire_or_renew) at least every
+/// [`renew_interval`](Coordinator::renew_interval) and before every round of
+/// leader work, and stops acting as leader once the returned
+/// `expires_at` has passed without a successful renewal. `expires_at` is
+/// computed conservatively (from the moment the request was sent, less a
+/// drift allowance), so the holder stops before any other node can take the
+/// lease. A holder that is paused past that point and acts anyway is
+/// refused by the store, because its token is older than its successor's.
 #[async_trait]
 pub trait Coordinator: Send + Sync + 'static {
     /// This replica's id.
     fn node_id(&self) -> &str;
 
+    /// How often the holder should renew its lease (a third of the TTL or
+    /// less, so one lost renewal does not cost the lease).
+    fn renew_interval(&self) -> Duration {
+        Duration::from_secs(3)
+    }
+
     /// Takes the lease if it is free or renews it if this node holds it.
-    /// `None` when another node holds it.
+    /// `None` when another node holds it. A renewal keeps the token; a fresh
+    /// acquisition gets a token larger than any handed out before.
     async fn acquire_or_renew(&self) -> Result<Option<Lease>>;
 
     /// Gives the lease up (on shutdown), so a successor need not wait for it
-    /// to lapse.
+    /// to lapse. Does nothing when another node holds it.
     async fn resign(&self) -> Result<()>;
 
-    /// Adds or replaces a worker stream in the registry.
+    /// Adds or replaces a worker stream in the registry. Backends shared by
+    /// many replicas forget an entry that is not put again within their
+    /// worker TTL (its replica died), so the holder re-puts it on every
+    /// heartbeat. An empty session id is [`Error::InvalidArgument`].
     async fn put_worker(&self, entry: WorkerEntry) -> Result<()>;
 
     /// Removes a worker stream from the registry.
@@ -111,7 +145,8 @@ pub trait Coordinator: Send + Sync + 'static {
     async fn list_workers(&self) -> Result<Vec<WorkerEntry>>;
 
     /// Stores `value` under `key` for `ttl_ms` unless the key exists; returns
-    /// the value already stored, or `None` when this call stored it.
+    /// the value already stored, or `None` when this call stored it. An
+    /// empty key or a `ttl_ms` below 1 is [`Error::InvalidArgument`].
     async fn put_idempotency_key(
         &self,
         key: &str,
@@ -121,4 +156,27 @@ pub trait Coordinator: Send + Sync + 'static {
 
     /// Checks the coordination service answers.
     async fn ping(&self) -> Result<()>;
+}
+
+/// Refuses a registry entry that cannot be stored.
+pub(crate) fn check_entry(entry: &WorkerEntry) -> Result<()> {
+    if entry.session_id.is_empty() {
+        return Err(Error::InvalidArgument(
+            "worker entry has an empty session_id".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses an idempotency key that cannot be stored.
+pub(crate) fn check_idempotency(key: &str, ttl_ms: i64) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::InvalidArgument("idempotency key is empty".into()));
+    }
+    if ttl_ms < 1 {
+        return Err(Error::InvalidArgument(format!(
+            "idempotency key ttl_ms must be at least 1, got {ttl_ms}"
+        )));
+    }
+    Ok(())
 }

@@ -1,14 +1,20 @@
 //! The in-process coordinator for a single node: this node is always the
 //! leader, the registry is a map. Same contract as the Redis one, so the
 //! rest of the system cannot tell them apart.
+//!
+//! Handles made with [`LocalCoordinator::sharing`] share one state under
+//! different node ids, which is how the conformance suite checks the
+//! two-node rules (one holder at a time, larger tokens for successors)
+//! without a network.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use taskmesh_core::{Clock, SystemClock, UnixMillis};
 
-use crate::{Coordinator, Lease, Result, WorkerEntry};
+use crate::{Coordinator, Lease, Result, WorkerEntry, check_entry, check_idempotency};
 
 /// How long an in-process lease lasts before it must be renewed.
 const LEASE_MS: i64 = 10_000;
@@ -18,13 +24,15 @@ const LEASE_MS: i64 = 10_000;
 pub struct LocalCoordinator {
     node_id: String,
     clock: Arc<dyn Clock>,
+    lease_ms: i64,
     state: Arc<Mutex<State>>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     token: u64,
-    held: Option<Lease>,
+    /// The holder's node id and its lease.
+    held: Option<(String, Lease)>,
     workers: BTreeMap<String, WorkerEntry>,
     keys: BTreeMap<String, (String, UnixMillis)>,
 }
@@ -40,7 +48,25 @@ impl LocalCoordinator {
         Self {
             node_id: node_id.into(),
             clock,
+            lease_ms: LEASE_MS,
             state: Arc::default(),
+        }
+    }
+
+    /// The same coordinator with leases lasting `ttl` (at least 1 ms)
+    /// instead of 10 s.
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1);
+        self
+    }
+
+    /// Another handle on this coordinator's state under `node_id`, as a
+    /// second replica would see it: same lease, registry and keys, same
+    /// clock and lease TTL.
+    pub fn sharing(&self, node_id: impl Into<String>) -> Self {
+        Self {
+            node_id: node_id.into(),
+            ..self.clone()
         }
     }
 
@@ -57,11 +83,20 @@ impl Coordinator for LocalCoordinator {
         &self.node_id
     }
 
+    fn renew_interval(&self) -> Duration {
+        Duration::from_millis((self.lease_ms / 3).max(1) as u64)
+    }
+
     async fn acquire_or_renew(&self) -> Result<Option<Lease>> {
         let now = self.clock.now_millis();
         let mut st = self.lock();
-        let token = match st.held {
-            Some(lease) if lease.expires_at > now => lease.token,
+        let token = match &st.held {
+            Some((holder, lease)) if lease.expires_at > now => {
+                if *holder != self.node_id {
+                    return Ok(None);
+                }
+                lease.token
+            }
             _ => {
                 st.token += 1;
                 st.token
@@ -69,18 +104,22 @@ impl Coordinator for LocalCoordinator {
         };
         let lease = Lease {
             token,
-            expires_at: now + LEASE_MS,
+            expires_at: now.saturating_add(self.lease_ms),
         };
-        st.held = Some(lease);
+        st.held = Some((self.node_id.clone(), lease));
         Ok(Some(lease))
     }
 
     async fn resign(&self) -> Result<()> {
-        self.lock().held = None;
+        let mut st = self.lock();
+        if st.held.as_ref().is_some_and(|(h, _)| *h == self.node_id) {
+            st.held = None;
+        }
         Ok(())
     }
 
     async fn put_worker(&self, entry: WorkerEntry) -> Result<()> {
+        check_entry(&entry)?;
         self.lock().workers.insert(entry.session_id.clone(), entry);
         Ok(())
     }
@@ -100,14 +139,17 @@ impl Coordinator for LocalCoordinator {
         value: &str,
         ttl_ms: i64,
     ) -> Result<Option<String>> {
+        check_idempotency(key, ttl_ms)?;
         let now = self.clock.now_millis();
         let mut st = self.lock();
         st.keys.retain(|_, (_, expires)| *expires > now);
         if let Some((existing, _)) = st.keys.get(key) {
             return Ok(Some(existing.clone()));
         }
-        st.keys
-            .insert(key.to_string(), (value.to_string(), now + ttl_ms));
+        st.keys.insert(
+            key.to_string(),
+            (value.to_string(), now.saturating_add(ttl_ms)),
+        );
         Ok(None)
     }
 
