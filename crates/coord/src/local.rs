@@ -70,6 +70,16 @@ impl LocalCoordinator {
         }
     }
 
+    /// Raises the token counter to `floor`, so the next fresh lease gets a
+    /// token above it; never lowers it. Call it at start-up with the store's
+    /// newest fencing token: this state is lost with the process, the
+    /// store's token is not, and a restarted node would otherwise start at 1
+    /// and have every leader write refused.
+    pub fn set_token_floor(&self, floor: u64) {
+        let mut st = self.lock();
+        st.token = st.token.max(floor);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this lock leaves only plain maps behind;
         // carrying on with them is safe.
@@ -185,6 +195,22 @@ mod tests {
         c.resign().await.unwrap();
         let after = c.acquire_or_renew().await.unwrap().unwrap();
         assert!(after.token > fresh.token);
+    }
+
+    #[tokio::test]
+    async fn another_node_waits_for_the_lease_to_lapse_and_a_floor_lifts_tokens() {
+        let (a, clock) = coord();
+        let b = a.sharing("n2");
+        let first = a.acquire_or_renew().await.unwrap().unwrap();
+        assert_eq!(b.acquire_or_renew().await.unwrap(), None);
+        clock.advance(LEASE_MS - 1);
+        assert_eq!(b.acquire_or_renew().await.unwrap(), None);
+        clock.advance(1);
+        b.set_token_floor(41);
+        b.set_token_floor(7);
+        let second = b.acquire_or_renew().await.unwrap().unwrap();
+        assert_eq!(second.token, 42, "above the floor, after {first:?}");
+        assert_eq!(a.acquire_or_renew().await.unwrap(), None);
     }
 
     #[tokio::test]

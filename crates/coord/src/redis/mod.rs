@@ -249,7 +249,7 @@ impl RedisCoordinator {
             );
         if unreachable {
             Error::Unavailable(format!(
-                "redis at {} cannot serve {op}: {e}",
+                "redis at {} is unreachable ({op}): {e}",
                 self.inner.addr
             ))
         } else {

@@ -86,6 +86,16 @@ impl PrivateRedis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, …) to the server process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let status = Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
     /// Kills the server (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -134,6 +144,16 @@ impl PrivateRedis {
 
 impl Drop for PrivateRedis {
     fn drop(&mut self) {
+        // A stopped process ignores nothing but SIGKILL, which kill() sends.
         self.kill();
     }
+}
+
+/// Polls `check` until it returns `Some`, failing after `limit`.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    taskmesh_coord::conformance::wait_for(what, limit, check).await
 }
