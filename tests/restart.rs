@@ -100,3 +100,48 @@ async fn a_killed_server_keeps_every_task_and_finishes_the_running_ones() {
     worker.shutdown.cancel();
     let _ = worker.join.await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_leads_with_a_token_above_the_stored_fence() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // An earlier life of this node led with token 7 (its lease lapsed
+        // and was retaken a few times).
+        let store = taskmesh_store::SqliteStore::open_in(dir.path())
+            .await
+            .unwrap();
+        use taskmesh_store::Store;
+        store.transition_many(&[], 0, Some(7)).await.unwrap();
+        assert_eq!(store.fence_token().await.unwrap(), 7);
+        store.close().await;
+    }
+    let node = start_node(node_options(dir.path())).await;
+    let mut api = api(node.grpc_addr).await;
+    let ledger = Ledger::default();
+    let w = counting_worker(&[node.grpc_addr], "w", 2, ledger.clone());
+    let id = api
+        .submit_task(pb::SubmitTaskRequest {
+            handler: "echo".into(),
+            delay: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 200_000_000,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task_id;
+    // The scheduler's writes are fenced: with a stale token this task would
+    // stay PENDING for ever.
+    wait_for("the delayed task to run", Duration::from_secs(20), || {
+        let mut api = api.clone();
+        let id = id.clone();
+        async move { (state(&get(&mut api, &id).await) == pb::TaskState::Succeeded).then_some(()) }
+    })
+    .await;
+    assert!(node.store.fence_token().await.unwrap() > 7);
+    w.shutdown.cancel();
+    let _ = w.join.await;
+    node.stop(Duration::from_secs(5)).await;
+}

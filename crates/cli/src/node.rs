@@ -130,8 +130,16 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
             .with_context(|| format!("opening the SQLite store at {}", db.display()))?,
     );
     let node_id = format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let coord: Arc<dyn Coordinator> =
-        Arc::new(LocalCoordinator::with_clock(node_id, clock.clone()));
+    let local = LocalCoordinator::with_clock(node_id, clock.clone());
+    // Tokens must keep rising across restarts: the store refuses leader
+    // writes with a token older than the newest it has seen.
+    local.set_token_floor(
+        store
+            .fence_token()
+            .await
+            .context("reading the fencing token")?,
+    );
+    let coord: Arc<dyn Coordinator> = Arc::new(local);
 
     let (reaped_tx, reaped_rx) = tokio::sync::mpsc::channel(1024);
     let breakers = Breakers::new(BreakerOptions::default());

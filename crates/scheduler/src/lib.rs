@@ -163,6 +163,11 @@ impl Scheduler {
             "scheduler started"
         );
         let mut changes = self.store.subscribe();
+        // The lease must be renewed well within its TTL even when nothing is
+        // due, and a standby must notice a free lease soon: a round (which
+        // starts with acquire-or-renew) at least every renew interval.
+        let mut renew = tokio::time::interval(self.coord.renew_interval());
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let (again, failed) = match self.round().await {
                 Ok(full) => (full, false),
@@ -183,6 +188,7 @@ impl Scheduler {
                     }
                     _ = self.handle.wake.notified() => break,
                     _ = engine.next_wake() => break,
+                    _ = renew.tick() => break,
                     // After a failed round (store or coordination down), try
                     // again soon whatever the engine says.
                     _ = tokio::time::sleep(Duration::from_secs(1)), if failed => break,
