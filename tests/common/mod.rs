@@ -184,6 +184,18 @@ impl RawWorker {
         handlers: &[&str],
         capacity: u32,
     ) -> Self {
+        Self::connect_with(addr, worker_id, handlers, capacity, &[], 1).await
+    }
+
+    /// Connects and registers with labels and a weight too.
+    pub async fn connect_with(
+        addr: SocketAddr,
+        worker_id: &str,
+        handlers: &[&str],
+        capacity: u32,
+        labels: &[(&str, &str)],
+        weight: u32,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(64);
         tx.send(pb::ConnectRequest {
             message: Some(In::Register(pb::WorkerRegistration {
@@ -191,8 +203,11 @@ impl RawWorker {
                 name: worker_id.into(),
                 handlers: handlers.iter().map(|h| h.to_string()).collect(),
                 capacity,
-                labels: Default::default(),
-                weight: 1,
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                weight,
             })),
         })
         .await
@@ -253,6 +268,36 @@ impl RawWorker {
             })),
         }))
         .await;
+    }
+
+    /// Rejects an assignment with BUSY.
+    pub async fn reject_busy(&self, a: &pb::TaskAssignment) {
+        self.send(In::Reject(pb::TaskReject {
+            task_id: a.task_id.clone(),
+            execution_id: a.execution_id.clone(),
+            reason: pb::RejectReason::Busy as i32,
+            message: "no free slot".into(),
+        }))
+        .await;
+    }
+
+    /// Sends a heartbeat claiming `active` tasks.
+    pub async fn heartbeat(&self, active: u32) {
+        self.send(In::Heartbeat(pb::WorkerHeartbeat {
+            active,
+            cpu_idle_percent: 90.0,
+            avg_cost_ms: 10.0,
+        }))
+        .await;
+    }
+
+    /// Every assignment that arrives until none has for `quiet`.
+    pub async fn drain_assigns(&mut self, quiet: Duration) -> Vec<pb::TaskAssignment> {
+        let mut out = Vec::new();
+        while let Some(a) = self.next_assign(quiet).await {
+            out.push(a);
+        }
+        out
     }
 
     /// Sends one message.

@@ -15,6 +15,12 @@ pub const HEARTBEAT_INTERVAL: &str = "TASKMESH_HEARTBEAT_INTERVAL";
 pub const MAX_PAYLOAD_BYTES: &str = "TASKMESH_MAX_PAYLOAD_BYTES";
 /// Requests in flight before shedding (`serve`).
 pub const MAX_CONCURRENT_REQUESTS: &str = "TASKMESH_MAX_CONCURRENT_REQUESTS";
+/// Balancer strategy per handler, `handler=STRATEGY`, comma-separated (`serve`).
+pub const BALANCER: &str = "TASKMESH_BALANCER";
+/// Balancer strategy for handlers not named in `TASKMESH_BALANCER` (`serve`).
+pub const BALANCER_DEFAULT: &str = "TASKMESH_BALANCER_DEFAULT";
+/// Virtual nodes per stream on consistent-hash rings (`serve`).
+pub const HASH_VNODES: &str = "TASKMESH_HASH_VNODES";
 /// Server address(es) for clients and workers, comma-separated.
 pub const SERVER: &str = "TASKMESH_SERVER";
 /// Handlers a worker serves, comma-separated.

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use taskmesh_cli::{env, node};
+use taskmesh_core::Strategy;
+use taskmesh_dispatcher::BalancerOptions;
 use tokio_util::sync::CancellationToken;
 
 /// A distributed task scheduler and dispatcher whose every interface is a
@@ -79,6 +81,18 @@ struct ServeArgs {
     /// missed, and the schedule's misfire policy applies.
     #[arg(long, env = env::MISFIRE_THRESHOLD, default_value = "5s", value_parser = humantime::parse_duration)]
     misfire_threshold: Duration,
+    /// Balancer strategy for one handler, as handler=STRATEGY (repeat the
+    /// flag or separate with commas). Strategies: LEAST_ACTIVE, ROUND_ROBIN,
+    /// RANDOM, WEIGHTED_ROUND_ROBIN, CONSISTENT_HASH, EQUAL_COST.
+    #[arg(long = "balancer", env = env::BALANCER, value_delimiter = ',', value_parser = parse_handler_strategy)]
+    balancer: Vec<(String, Strategy)>,
+    /// Balancer strategy for handlers not named by --balancer (a task may
+    /// still choose its own).
+    #[arg(long, env = env::BALANCER_DEFAULT, default_value = "LEAST_ACTIVE", value_parser = parse_strategy)]
+    balancer_default: Strategy,
+    /// Virtual nodes per stream on CONSISTENT_HASH rings.
+    #[arg(long, env = env::HASH_VNODES, default_value_t = taskmesh_dispatcher::balancer::DEFAULT_HASH_VNODES)]
+    hash_vnodes: u32,
     /// Also run an in-process worker with the built-in handlers.
     #[arg(long)]
     with_worker: bool,
@@ -156,6 +170,11 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("unknown trigger engine {:?}", args.trigger_engine))?;
     opts.scheduler.poll_interval = args.poll_interval;
     opts.scheduler.misfire_threshold = args.misfire_threshold;
+    opts.dispatcher.balancer = BalancerOptions {
+        default: args.balancer_default,
+        per_handler: args.balancer.into_iter().collect(),
+        hash_vnodes: args.hash_vnodes,
+    };
     if dev || args.with_worker {
         opts.with_worker = Some(args.worker_concurrency);
     }
@@ -203,6 +222,22 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     });
     worker.run(shutdown).await?;
     Ok(())
+}
+
+fn parse_strategy(text: &str) -> Result<Strategy, String> {
+    Strategy::parse(text.trim()).ok_or_else(|| {
+        let names: Vec<&str> = Strategy::ALL.iter().map(|s| s.as_str()).collect();
+        format!("unknown balancer {text:?}; one of {}", names.join(", "))
+    })
+}
+
+fn parse_handler_strategy(text: &str) -> Result<(String, Strategy), String> {
+    let (handler, strategy) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} must look like handler=STRATEGY"))?;
+    let handler = handler.trim();
+    taskmesh_core::validate::handler_name(handler)?;
+    Ok((handler.to_string(), parse_strategy(strategy)?))
 }
 
 /// SIGINT or SIGTERM.

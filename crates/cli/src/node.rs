@@ -10,7 +10,7 @@ use axum::{Router, http::StatusCode, routing::get};
 use taskmesh_coord::{Coordinator, LocalCoordinator};
 use taskmesh_core::breaker::{BreakerOptions, Breakers};
 use taskmesh_core::{Clock, SystemClock};
-use taskmesh_dispatcher::{Dispatcher, DispatcherOptions};
+use taskmesh_dispatcher::{DispatchStats, Dispatcher, DispatcherOptions};
 use taskmesh_scheduler::{Scheduler, SchedulerOptions};
 use taskmesh_store::{SqliteOptions, SqliteStore, Store};
 use tokio::net::TcpListener;
@@ -71,6 +71,7 @@ impl NodeOptions {
             d.max_concurrent_requests > 0,
             "max concurrent requests must be above zero"
         );
+        d.balancer.validate().map_err(anyhow::Error::msg)?;
         Ok(())
     }
 }
@@ -89,6 +90,8 @@ pub struct RunningNode {
     pub http_addr: SocketAddr,
     /// The store (tests read it directly).
     pub store: Arc<dyn Store>,
+    /// The dispatch engine's counters.
+    pub dispatch_stats: Arc<DispatchStats>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -160,6 +163,7 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         breakers,
         reaped_rx,
     );
+    let dispatch_stats = dispatcher.stats();
     dispatcher
         .recover()
         .await
@@ -200,6 +204,7 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         grpc_addr,
         http_addr,
         store,
+        dispatch_stats,
         shutdown,
         tasks,
     })

@@ -7,6 +7,7 @@
 //! attempt goes through the store first and frees the registry slot after.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use taskmesh::v1 as pb;
@@ -23,7 +24,7 @@ use crate::{
     DispatcherOptions,
     batcher::Batcher,
     convert::{duration, timestamp},
-    registry::Registry,
+    registry::{After, Registry, Reserved},
 };
 
 /// Everything the services and the engine share.
@@ -47,6 +48,34 @@ pub struct Shared {
     pub breakers: Breakers,
     /// Group commit of ACKs and results.
     pub batcher: Batcher,
+    /// Counters of the engine's work.
+    pub stats: Arc<DispatchStats>,
+}
+
+/// Counters of the engine's work, for tests and benchmarks: they show the
+/// engine does not spin while no stream has room.
+#[derive(Debug, Default)]
+pub struct DispatchStats {
+    /// Dispatch rounds run (each wake-up that looked for work).
+    pub rounds: AtomicU64,
+    /// Claim transactions opened on the store.
+    pub claim_calls: AtomicU64,
+    /// Tasks claimed for a stream.
+    pub claimed: AtomicU64,
+    /// Pushes that could not be sent and were taken back.
+    pub unsent: AtomicU64,
+}
+
+impl DispatchStats {
+    /// (rounds, claim calls, claimed, unsent) now.
+    pub fn snapshot(&self) -> (u64, u64, u64, u64) {
+        (
+            self.rounds.load(Ordering::Relaxed),
+            self.claim_calls.load(Ordering::Relaxed),
+            self.claimed.load(Ordering::Relaxed),
+            self.unsent.load(Ordering::Relaxed),
+        )
+    }
 }
 
 impl Shared {
@@ -57,6 +86,19 @@ impl Shared {
         task_id: &str,
         execution_id: &str,
         event: Event,
+    ) -> Result<TaskRecord, taskmesh_store::Error> {
+        self.end_attempt_with(task_id, execution_id, event, After::Free)
+            .await
+    }
+
+    /// [`Shared::end_attempt`], leaving the stream in the standing `after`
+    /// (BUSY, unsendable) in the same step that frees its slot.
+    pub async fn end_attempt_with(
+        &self,
+        task_id: &str,
+        execution_id: &str,
+        event: Event,
+        after: After,
     ) -> Result<TaskRecord, taskmesh_store::Error> {
         let now = self.clock.now_millis();
         let outcome = match &event {
@@ -70,7 +112,7 @@ impl Shared {
         }
         // Free the slot whatever the store said: a refused event means the
         // attempt had already ended by another path.
-        if self.registry.finish(execution_id).is_some() {
+        if self.registry.finish_with(execution_id, after).is_some() {
             self.wake.notify_one();
         }
         if let Ok(task) = &result
@@ -177,6 +219,7 @@ fn on_reaped(shared: &Shared, reaped: Reaped) {
 
 /// Claims and pushes until no stream has a free slot or nothing is READY.
 async fn dispatch_round(shared: &Shared) -> Result<(), taskmesh_store::Error> {
+    shared.stats.rounds.fetch_add(1, Ordering::Relaxed);
     loop {
         let free = shared.registry.free_slots_by_handler();
         if free.is_empty() {
@@ -191,7 +234,10 @@ async fn dispatch_round(shared: &Shared) -> Result<(), taskmesh_store::Error> {
             let mut chosen: Vec<(String, String)> = Vec::new();
             let mut chooser = |task: &TaskRecord| {
                 let execution_id = id::new_execution_id();
-                let (session_id, worker_id) = registry.reserve(task, &execution_id)?;
+                let Reserved {
+                    session_id,
+                    worker_id,
+                } = registry.reserve(task, &execution_id)?;
                 chosen.push((execution_id.clone(), session_id));
                 Some(Claim {
                     execution_id,
@@ -199,6 +245,7 @@ async fn dispatch_round(shared: &Shared) -> Result<(), taskmesh_store::Error> {
                     ack_deadline,
                 })
             };
+            shared.stats.claim_calls.fetch_add(1, Ordering::Relaxed);
             let claimed = match shared
                 .store
                 .claim_ready(&handler, limit, now, &mut chooser)
@@ -223,6 +270,10 @@ async fn dispatch_round(shared: &Shared) -> Result<(), taskmesh_store::Error> {
                     registry.finish(exec);
                 }
             }
+            shared
+                .stats
+                .claimed
+                .fetch_add(claimed.len() as u64, Ordering::Relaxed);
             for task in claimed {
                 pushed += 1;
                 push(shared, task).await;
@@ -288,12 +339,18 @@ async fn push(shared: &Shared, task: TaskRecord) {
 
 async fn release_unsent(shared: &Shared, task: &TaskRecord, execution_id: &str, why: &str) {
     info!(task_id = %task.id, execution_id = %execution_id, reason = why, "push failed, task taken back");
+    shared.stats.unsent.fetch_add(1, Ordering::Relaxed);
     let event = Event::Release {
         execution_id: execution_id.to_string(),
         reason: ReleaseReason::WorkerLost,
         message: why.to_string(),
     };
-    if let Err(err) = shared.end_attempt(&task.id, execution_id, event).await {
+    // The stream is marked closed or busy as its slot frees, so the claim
+    // that follows goes to the next candidate.
+    if let Err(err) = shared
+        .end_attempt_with(&task.id, execution_id, event, After::Unsendable)
+        .await
+    {
         warn!(task_id = %task.id, error = %err, "could not take back an unsent push");
     }
 }

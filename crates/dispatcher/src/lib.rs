@@ -5,7 +5,7 @@
 //! Architecture invariant: this crate speaks gRPC only; it never parses HTTP
 //! or JSON (that is the gateway's job) and never writes SQL (the store's).
 
-mod balancer;
+pub mod balancer;
 mod batcher;
 pub mod convert;
 mod engine;
@@ -32,11 +32,12 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+pub use balancer::BalancerOptions;
 pub use batcher::Batcher;
-pub use engine::Shared;
+pub use engine::{DispatchStats, Shared};
 pub use error::{Error, grpc_code};
 pub use health::HEALTH_SERVICE_NAMES;
-pub use registry::Registry;
+pub use registry::{Heartbeat, Registration, Registry, Reserved};
 pub use stream::DispatcherService;
 pub use task_api::TaskApiService;
 
@@ -60,6 +61,8 @@ pub struct DispatcherOptions {
     /// How often the store and coordination are pinged to decide the gRPC
     /// health status (each ping is also bounded by this).
     pub health_interval: Duration,
+    /// Which balancer strategy serves which handler.
+    pub balancer: BalancerOptions,
 }
 
 impl Default for DispatcherOptions {
@@ -73,6 +76,7 @@ impl Default for DispatcherOptions {
             max_concurrent_requests: 1024,
             claim_batch: 256,
             health_interval: Duration::from_secs(2),
+            balancer: BalancerOptions::default(),
         }
     }
 }
@@ -94,15 +98,17 @@ impl Dispatcher {
         breakers: Breakers,
         reaped: mpsc::Receiver<Reaped>,
     ) -> Self {
+        let registry = Registry::new(opts.balancer.clone());
         Self {
             shared: Shared {
                 opts,
                 coord,
-                registry: Registry::default(),
+                registry,
                 wake: Arc::new(Notify::new()),
                 scheduler,
                 breakers,
                 batcher: Batcher::start(store.clone(), clock.clone(), 1_024),
+                stats: Arc::default(),
                 store,
                 clock,
             },
@@ -138,6 +144,11 @@ impl Dispatcher {
             );
         }
         Ok(recovered)
+    }
+
+    /// The engine's counters.
+    pub fn stats(&self) -> Arc<DispatchStats> {
+        self.shared.stats.clone()
     }
 
     /// The shared state (for in-process callers such as the REST gateway).

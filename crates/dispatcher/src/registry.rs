@@ -1,11 +1,15 @@
 //! The live worker streams of this node: who serves what, how many tasks
-//! each has in flight, and the channel to push to it.
+//! each has in flight, the channel to push to it, and — per handler — the
+//! pool the balancer chooses from.
 //!
 //! Architecture invariant: the registry's in-flight sets are the dispatcher's
 //! own count of pushes not yet finished; a slot is taken when a task is
 //! claimed for a stream (inside the store's claim transaction) and given back
-//! when the attempt ends for any reason. It is guarded by a plain mutex and
-//! never held across an `.await`.
+//! when the attempt ends for any reason. Every change to a session's figures
+//! is mirrored into the pools of its handlers under the same lock. The lock
+//! is a plain mutex, never held across an `.await`.
+
+mod pool;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -14,15 +18,16 @@ use taskmesh::v1 as pb;
 use taskmesh_core::{TaskRecord, UnixMillis};
 use tokio::sync::mpsc;
 
-use crate::balancer::{Candidate, least_active};
+use crate::balancer::{BalancerOptions, Candidate, hash};
+use pool::{Member, Pool};
 
 /// Messages queued to one worker stream.
 pub type StreamTx = mpsc::Sender<Result<pb::ConnectResponse, tonic::Status>>;
 
-/// One registered stream.
-#[derive(Debug)]
-pub struct Session {
-    /// Session id.
+/// What a worker announced when it registered.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// Session id chosen by the server.
     pub session_id: String,
     /// The worker's id.
     pub worker_id: String,
@@ -34,41 +39,35 @@ pub struct Session {
     pub capacity: u32,
     /// Labels it carries.
     pub labels: BTreeMap<String, String>,
-    /// Weight.
+    /// Weight for WEIGHTED_ROUND_ROBIN (at least 1).
     pub weight: u32,
     /// Where to push.
     pub tx: StreamTx,
-    /// Execution ids pushed to it and not yet ended.
-    pub in_flight: HashSet<String>,
-    /// Set after a BUSY reject: no pushes until one of its tasks ends or it
-    /// heartbeats, so a busy worker is not hammered.
-    pub busy: bool,
-    /// Set after the worker announced a drain.
-    pub draining: bool,
-    /// Latest heartbeat figures.
-    pub cpu_idle_percent: f64,
-    /// Latest heartbeat figures.
-    pub avg_cost_ms: f64,
-    /// When it last sent anything.
-    pub last_seen: UnixMillis,
+    /// When it registered.
+    pub now: UnixMillis,
 }
 
-impl Session {
-    fn free_slots(&self) -> u32 {
-        if self.busy || self.draining {
-            return 0;
-        }
-        self.capacity.saturating_sub(self.in_flight.len() as u32)
-    }
+/// Figures from one heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Heartbeat {
+    /// Tasks the worker says it runs.
+    pub active: u32,
+    /// CPU idle percentage.
+    pub cpu_idle_percent: f64,
+    /// Average cost of recent tasks in ms.
+    pub avg_cost_ms: f64,
+}
 
-    fn eligible(&self, task: &TaskRecord) -> bool {
-        self.free_slots() > 0
-            && self.handlers.contains(&task.handler)
-            && task
-                .labels
-                .iter()
-                .all(|(k, v)| self.labels.get(k) == Some(v))
-    }
+/// How a stream stands after an attempt on it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// It finished a task: it has room again (clears `busy`).
+    Free,
+    /// It answered BUSY: offer it nothing until a slot frees or a heartbeat
+    /// shows room.
+    Busy,
+    /// The push could not be sent: the stream is closed or its queue full.
+    Unsendable,
 }
 
 /// An attempt taken out of the registry: whose stream it was on.
@@ -80,21 +79,118 @@ pub struct Ended {
     pub tx: StreamTx,
 }
 
+/// The stream chosen for a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reserved {
+    /// Its session.
+    pub session_id: String,
+    /// Its worker.
+    pub worker_id: String,
+}
+
 /// The registry of live streams (cheap to clone).
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     inner: Arc<Mutex<Inner>>,
 }
 
+#[derive(Debug)]
+struct Session {
+    reg: Registration,
+    seq: u64,
+    ring_id: u64,
+    labels: Arc<BTreeMap<String, String>>,
+    in_flight: HashSet<String>,
+    busy: bool,
+    draining: bool,
+    closed: bool,
+    /// Reported active beyond our in-flight count at the last heartbeat.
+    extra_active: u32,
+    cpu_idle_percent: f64,
+    avg_cost_ms: f64,
+    last_seen: UnixMillis,
+}
+
+impl Session {
+    fn free_slots(&self) -> u32 {
+        if self.busy || self.draining || self.closed {
+            return 0;
+        }
+        self.reg
+            .capacity
+            .saturating_sub(self.in_flight.len() as u32)
+    }
+
+    fn candidate(&self) -> Candidate {
+        Candidate {
+            seq: self.seq,
+            ring_id: self.ring_id,
+            open: self.free_slots() > 0,
+            in_flight: self.in_flight.len() as u32,
+            extra_active: self.extra_active,
+            weight: self.reg.weight.max(1),
+            cpu_idle_percent: self.cpu_idle_percent,
+            avg_cost_ms: self.avg_cost_ms,
+            load_milli: 0,
+        }
+        .update_load()
+    }
+
+    fn member(&self) -> Member {
+        Member {
+            session_id: Arc::from(self.reg.session_id.as_str()),
+            labels: self.labels.clone(),
+            tx: self.reg.tx.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    sessions: BTreeMap<String, Session>,
+    opts: BalancerOptions,
+    sessions: HashMap<String, Session>,
     /// execution id → session id.
     owners: HashMap<String, String>,
-    cursor: usize,
+    /// handler → the streams serving it.
+    pools: HashMap<String, Pool>,
+    next_seq: u64,
+}
+
+impl Inner {
+    /// Mirrors a session's figures into the pools of its handlers.
+    fn refresh(&mut self, session_id: &str) {
+        let Some(s) = self.sessions.get(session_id) else {
+            return;
+        };
+        let cand = s.candidate();
+        for h in &s.reg.handlers {
+            if let Some(p) = self.pools.get_mut(h) {
+                p.update(cand);
+            }
+        }
+    }
+
+    fn leave_pool(&mut self, handler: &str, seq: u64) {
+        if let Some(p) = self.pools.get_mut(handler) {
+            p.remove(seq);
+            if p.is_empty() {
+                self.pools.remove(handler);
+            }
+        }
+    }
 }
 
 impl Registry {
+    /// An empty registry choosing by `opts`.
+    pub fn new(opts: BalancerOptions) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Inner {
+                opts,
+                ..Inner::default()
+            })),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // Only plain maps live behind this lock; a panic elsewhere leaves
         // them consistent enough to go on.
@@ -102,10 +198,37 @@ impl Registry {
     }
 
     /// Adds a stream.
-    pub fn insert(&self, session: Session) {
-        self.lock()
+    pub fn insert(&self, reg: Registration) {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let seq = inner.next_seq;
+        inner.next_seq += 1;
+        let session = Session {
+            seq,
+            ring_id: hash::str64(&reg.worker_id),
+            labels: Arc::new(reg.labels.clone()),
+            in_flight: HashSet::new(),
+            busy: false,
+            draining: false,
+            closed: false,
+            extra_active: 0,
+            cpu_idle_percent: 100.0,
+            avg_cost_ms: 0.0,
+            last_seen: reg.now,
+            reg,
+        };
+        let (cand, member) = (session.candidate(), session.member());
+        let vnodes = inner.opts.hash_vnodes;
+        for h in &session.reg.handlers {
+            inner
+                .pools
+                .entry(h.clone())
+                .or_insert_with(|| Pool::new(vnodes))
+                .insert(member.clone(), cand);
+        }
+        inner
             .sessions
-            .insert(session.session_id.clone(), session);
+            .insert(session.reg.session_id.clone(), session);
     }
 
     /// Removes a stream, returning the execution ids it still had in flight.
@@ -114,6 +237,9 @@ impl Registry {
         let Some(session) = inner.sessions.remove(session_id) else {
             return Vec::new();
         };
+        for h in &session.reg.handlers {
+            inner.leave_pool(h, session.seq);
+        }
         let execs: Vec<String> = session.in_flight.into_iter().collect();
         for e in &execs {
             inner.owners.remove(e);
@@ -121,13 +247,57 @@ impl Registry {
         execs
     }
 
-    /// Runs `f` on a session, if it is still registered.
-    pub fn with_session<R>(
-        &self,
-        session_id: &str,
-        f: impl FnOnce(&mut Session) -> R,
-    ) -> Option<R> {
-        self.lock().sessions.get_mut(session_id).map(f)
+    /// Notes that the stream sent something.
+    pub fn touch(&self, session_id: &str, now: UnixMillis) {
+        if let Some(s) = self.lock().sessions.get_mut(session_id) {
+            s.last_seen = now;
+        }
+    }
+
+    /// Records a heartbeat; a busy stream whose worker shows room is offered
+    /// tasks again. Figures out of range are clamped, NaN ignored.
+    pub fn heartbeat(&self, session_id: &str, hb: Heartbeat) {
+        let mut inner = self.lock();
+        let Some(s) = inner.sessions.get_mut(session_id) else {
+            return;
+        };
+        // Messages on a stream are ordered: every result the worker sent
+        // before this heartbeat is already counted, so a figure above our
+        // in-flight count is work we do not know of. Keeping only that
+        // excess (not the raw figure) stops a stale heartbeat from making
+        // an idle worker look busy until the next one.
+        s.extra_active = hb.active.saturating_sub(s.in_flight.len() as u32);
+        if hb.cpu_idle_percent.is_finite() {
+            s.cpu_idle_percent = hb.cpu_idle_percent.clamp(0.0, 100.0);
+        }
+        if hb.avg_cost_ms.is_finite() {
+            s.avg_cost_ms = hb.avg_cost_ms.clamp(0.0, 1e12);
+        }
+        if s.busy && hb.active < s.reg.capacity {
+            s.busy = false;
+        }
+        inner.refresh(session_id);
+    }
+
+    /// Marks a stream draining: it gets no new tasks.
+    pub fn set_draining(&self, session_id: &str) {
+        let mut inner = self.lock();
+        if let Some(s) = inner.sessions.get_mut(session_id) {
+            s.draining = true;
+            inner.refresh(session_id);
+        }
+    }
+
+    /// Stops offering `handler` to a stream (it said it does not serve it).
+    pub fn drop_handler(&self, session_id: &str, handler: &str) {
+        let mut inner = self.lock();
+        let Some(s) = inner.sessions.get_mut(session_id) else {
+            return;
+        };
+        if s.reg.handlers.remove(handler) {
+            let seq = s.seq;
+            inner.leave_pool(handler, seq);
+        }
     }
 
     /// Handlers that some stream could take a task for now, with the total
@@ -140,61 +310,86 @@ impl Registry {
             if free == 0 {
                 continue;
             }
-            for h in &s.handlers {
+            for h in &s.reg.handlers {
                 *out.entry(h.clone()).or_insert(0) += free;
             }
         }
         out
     }
 
-    /// Chooses a stream for `task` by least-active and takes one of its slots
-    /// for `execution_id`. Returns the session id and worker id.
-    pub fn reserve(&self, task: &TaskRecord, execution_id: &str) -> Option<(String, String)> {
-        let mut inner = self.lock();
-        let eligible: Vec<&Session> = inner
-            .sessions
-            .values()
-            .filter(|s| s.eligible(task))
-            .collect();
-        let cands: Vec<Candidate> = eligible
-            .iter()
-            .enumerate()
-            .map(|(index, s)| Candidate {
-                index,
-                active: s.in_flight.len() as u32,
-            })
-            .collect();
-        let pick = least_active(&cands, inner.cursor)?;
-        let session_id = eligible[pick].session_id.clone();
-        inner.cursor = inner.cursor.wrapping_add(1);
-        let session = inner.sessions.get_mut(&session_id)?;
-        session.in_flight.insert(execution_id.to_string());
-        let worker_id = session.worker_id.clone();
-        inner
-            .owners
-            .insert(execution_id.to_string(), session_id.clone());
-        Some((session_id, worker_id))
+    /// Chooses a stream for `task` — by the task's own strategy, else the
+    /// one configured for its handler — among those serving the handler
+    /// with a free slot and every label the task requires, and takes one of
+    /// its slots for `execution_id`. A stream found closed or with a full
+    /// queue is marked so and the next candidate is chosen.
+    pub fn reserve(&self, task: &TaskRecord, execution_id: &str) -> Option<Reserved> {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let strategy = task
+            .balancer
+            .unwrap_or_else(|| inner.opts.strategy_for(&task.handler));
+        let key = hash::routing_key(&task.routing_key, &task.id);
+        loop {
+            let pool = inner.pools.get_mut(&task.handler)?;
+            let i = pool.choose(strategy, &task.labels, key)?;
+            let member = pool.member(i)?;
+            let session_id = member.session_id.to_string();
+            let (closed, full) = (member.tx.is_closed(), member.tx.capacity() == 0);
+            let session = inner.sessions.get_mut(&session_id)?;
+            if closed || full {
+                // Each pass turns one open candidate unusable: this ends.
+                session.closed |= closed;
+                session.busy |= full;
+                inner.refresh(&session_id);
+                continue;
+            }
+            session.in_flight.insert(execution_id.to_string());
+            let worker_id = session.reg.worker_id.clone();
+            inner
+                .owners
+                .insert(execution_id.to_string(), session_id.clone());
+            inner.refresh(&session_id);
+            return Some(Reserved {
+                session_id,
+                worker_id,
+            });
+        }
     }
 
     /// Gives back the slot of an attempt that ended; `None` if no stream of
     /// this node holds it.
     pub fn finish(&self, execution_id: &str) -> Option<Ended> {
+        self.finish_with(execution_id, After::Free)
+    }
+
+    /// Gives back the slot of an attempt and sets the stream's standing in
+    /// the same step, so the engine never sees a BUSY stream as free.
+    pub fn finish_with(&self, execution_id: &str, after: After) -> Option<Ended> {
         let mut inner = self.lock();
         let session_id = inner.owners.remove(execution_id)?;
         let session = inner.sessions.get_mut(&session_id)?;
         session.in_flight.remove(execution_id);
-        session.busy = false;
-        Some(Ended {
-            session_id,
-            tx: session.tx.clone(),
-        })
+        match after {
+            After::Free => session.busy = false,
+            After::Busy => session.busy = true,
+            After::Unsendable => {
+                if session.reg.tx.is_closed() {
+                    session.closed = true;
+                } else {
+                    session.busy = true;
+                }
+            }
+        }
+        let tx = session.reg.tx.clone();
+        inner.refresh(&session_id);
+        Some(Ended { session_id, tx })
     }
 
     /// The sender of the stream that holds `execution_id`.
     pub fn sender_of(&self, execution_id: &str) -> Option<StreamTx> {
         let inner = self.lock();
         let session_id = inner.owners.get(execution_id)?;
-        inner.sessions.get(session_id).map(|s| s.tx.clone())
+        inner.sessions.get(session_id).map(|s| s.reg.tx.clone())
     }
 
     /// Whether `execution_id` is held by the stream `session_id`.
@@ -202,32 +397,34 @@ impl Registry {
         self.lock().owners.get(execution_id).map(String::as_str) == Some(session_id)
     }
 
-    /// A snapshot for `ListWorkers`.
+    /// A snapshot for `ListWorkers`, in join order.
     pub fn snapshot(&self, node_id: &str) -> Vec<pb::WorkerInfo> {
         let inner = self.lock();
-        inner
-            .sessions
-            .values()
+        let mut sessions: Vec<&Session> = inner.sessions.values().collect();
+        sessions.sort_by_key(|s| s.seq);
+        sessions
+            .into_iter()
             .map(|s| {
-                let mut handlers: Vec<String> = s.handlers.iter().cloned().collect();
+                let mut handlers: Vec<String> = s.reg.handlers.iter().cloned().collect();
                 handlers.sort();
                 pb::WorkerInfo {
-                    worker_id: s.worker_id.clone(),
-                    name: s.name.clone(),
+                    worker_id: s.reg.worker_id.clone(),
+                    name: s.reg.name.clone(),
                     handlers,
-                    capacity: s.capacity,
-                    active: s.in_flight.len() as u32,
+                    capacity: s.reg.capacity,
+                    // The larger of our count and the worker's own figure.
+                    active: s.in_flight.len() as u32 + s.extra_active,
                     labels: s
                         .labels
                         .iter()
                         .map(|(k, v)| (k.clone(), v.clone()))
                         .collect(),
-                    weight: s.weight,
+                    weight: s.reg.weight,
                     cpu_idle_percent: s.cpu_idle_percent,
                     avg_cost_ms: s.avg_cost_ms,
                     last_seen_time: Some(crate::convert::timestamp(s.last_seen)),
                     draining: s.draining,
-                    session_id: s.session_id.clone(),
+                    session_id: s.reg.session_id.clone(),
                     node_id: node_id.to_string(),
                 }
             })
@@ -239,7 +436,10 @@ impl Registry {
         self.lock()
             .sessions
             .values()
-            .map(|s| s.tx.clone())
+            .map(|s| s.reg.tx.clone())
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests;

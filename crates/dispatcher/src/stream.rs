@@ -19,7 +19,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::{
     convert::duration,
     engine::Shared,
-    registry::{Session, StreamTx},
+    registry::{After, Heartbeat, Registration, StreamTx},
 };
 
 /// The `Dispatcher` service.
@@ -62,7 +62,7 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         let capacity = reg.capacity;
         let (tx, rx) = mpsc::channel(capacity as usize * 2 + 64);
         let now = self.shared.clock.now_millis();
-        self.shared.registry.insert(Session {
+        self.shared.registry.insert(Registration {
             session_id: session_id.clone(),
             worker_id: reg.worker_id.clone(),
             name: reg.name.clone(),
@@ -71,12 +71,7 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
             labels: reg.labels.clone().into_iter().collect(),
             weight: reg.weight.max(1),
             tx: tx.clone(),
-            in_flight: HashSet::new(),
-            busy: false,
-            draining: false,
-            cpu_idle_percent: 100.0,
-            avg_cost_ms: 0.0,
-            last_seen: now,
+            now,
         });
         let registered = pb::ConnectResponse {
             message: Some(Out::Registered(pb::WorkerRegistered {
@@ -151,18 +146,17 @@ async fn read_loop(
             Ok(Ok(Some(m))) => m,
         };
         let now = shared.clock.now_millis();
-        shared
-            .registry
-            .with_session(session_id, |s| s.last_seen = now);
+        shared.registry.touch(session_id, now);
         match msg.message {
             Some(In::Heartbeat(hb)) => {
-                shared.registry.with_session(session_id, |s| {
-                    s.cpu_idle_percent = hb.cpu_idle_percent.clamp(0.0, 100.0);
-                    s.avg_cost_ms = hb.avg_cost_ms.max(0.0);
-                    if s.busy && hb.active < s.capacity {
-                        s.busy = false;
-                    }
-                });
+                shared.registry.heartbeat(
+                    session_id,
+                    Heartbeat {
+                        active: hb.active,
+                        cpu_idle_percent: hb.cpu_idle_percent,
+                        avg_cost_ms: hb.avg_cost_ms,
+                    },
+                );
                 shared.wake.notify_one();
             }
             Some(In::Ack(ack)) => on_ack(shared, session_id, tx, ack).await,
@@ -170,9 +164,7 @@ async fn read_loop(
             Some(In::Complete(done)) => on_complete(shared, session_id, tx, done).await,
             Some(In::Draining(d)) => {
                 info!(reason = %d.reason, "worker draining");
-                shared
-                    .registry
-                    .with_session(session_id, |s| s.draining = true);
+                shared.registry.set_draining(session_id);
             }
             Some(In::Register(_)) => {
                 warn!("second register on one stream ignored");
@@ -246,20 +238,22 @@ async fn on_reject(shared: &Shared, session_id: &str, rej: pb::TaskReject) {
         reason: ReleaseReason::Rejected,
         message: format!("rejected: {}", rej.message),
     };
-    let released = shared
-        .end_attempt(&rej.task_id, &rej.execution_id, event)
-        .await;
     let unknown = rej.reason == pb::RejectReason::UnknownHandler as i32;
-    shared.registry.with_session(session_id, |s| {
-        if busy {
-            s.busy = true;
-        }
+    if unknown {
         // The worker said it does not serve this handler after all: stop
-        // offering it, so the task goes to a worker that does.
-        if let (true, Ok(task)) = (unknown, &released) {
-            s.handlers.remove(&task.handler);
+        // offering it, before the slot frees, so the task goes to a worker
+        // that does.
+        if let Ok(Some(task)) = shared.store.get_task(&rej.task_id).await {
+            shared.registry.drop_handler(session_id, &task.handler);
         }
-    });
+    }
+    // BUSY marks the stream in the same step that frees the slot: the
+    // engine, woken by it, already sees the stream as taken and fails over
+    // to the next candidate.
+    let after = if busy { After::Busy } else { After::Free };
+    let _ = shared
+        .end_attempt_with(&rej.task_id, &rej.execution_id, event, after)
+        .await;
 }
 
 async fn on_complete(shared: &Shared, session_id: &str, tx: &StreamTx, done: pb::TaskComplete) {

@@ -3,6 +3,7 @@
 //! numbers and the exact commands go to docs/BENCHMARKS.md.
 
 mod cron;
+mod skew;
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -13,6 +14,9 @@ pub enum Scenario {
     /// Fire lateness of schedules (scheduled instant → dispatch) for each
     /// trigger engine.
     Cron,
+    /// Workers of mixed speed, tasks of mixed duration, Poisson arrivals:
+    /// makespan and wait (submit → start) per balancer strategy.
+    Skew,
 }
 
 /// Output forms.
@@ -35,6 +39,8 @@ pub struct BenchArgs {
     output: BenchOutput,
     #[command(flatten)]
     cron: cron::CronArgs,
+    #[command(flatten)]
+    skew: skew::SkewArgs,
 }
 
 /// Latency percentiles in milliseconds.
@@ -74,6 +80,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             match args.output {
                 BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
                 BenchOutput::Table => cron::print(&report),
+            }
+        }
+        Scenario::Skew => {
+            let report = skew::run_args(&args.skew).await?;
+            match args.output {
+                BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                BenchOutput::Table => skew::print(&report),
             }
         }
     }
