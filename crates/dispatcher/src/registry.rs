@@ -288,6 +288,14 @@ impl Registry {
         }
     }
 
+    /// Whether a stream announced a drain.
+    pub fn is_draining(&self, session_id: &str) -> bool {
+        self.lock()
+            .sessions
+            .get(session_id)
+            .is_some_and(|s| s.draining)
+    }
+
     /// Stops offering `handler` to a stream (it said it does not serve it).
     pub fn drop_handler(&self, session_id: &str, handler: &str) {
         let mut inner = self.lock();

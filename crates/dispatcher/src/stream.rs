@@ -10,6 +10,7 @@ use std::pin::Pin;
 
 use futures::Stream;
 use taskmesh::v1::{self as pb, connect_request::Message as In, connect_response::Message as Out};
+use taskmesh_coord::{WorkerEntry, WorkerLoad};
 use taskmesh_core::{Event, ReleaseReason, id, validate};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -62,6 +63,29 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         let capacity = reg.capacity;
         let (tx, rx) = mpsc::channel(capacity as usize * 2 + 64);
         let now = self.shared.clock.now_millis();
+        // Cluster-wide first: the leader re-dispatches the attempts of any
+        // session it cannot see, so a stream must not take tasks before its
+        // entry is written.
+        let entry = WorkerEntry {
+            session_id: session_id.clone(),
+            worker_id: reg.worker_id.clone(),
+            name: reg.name.clone(),
+            node_id: self.shared.coord.node_id().to_string(),
+            handlers: reg.handlers.clone(),
+            capacity,
+            labels: reg.labels.clone().into_iter().collect(),
+            weight: reg.weight.max(1),
+            load: WorkerLoad::default(),
+            last_seen: now,
+            draining: false,
+        };
+        self.shared
+            .coord
+            .put_worker(entry.clone())
+            .await
+            .map_err(|err| {
+                Status::unavailable(format!("cannot register the worker cluster-wide: {err}"))
+            })?;
         self.shared.registry.insert(Registration {
             session_id: session_id.clone(),
             worker_id: reg.worker_id.clone(),
@@ -92,7 +116,7 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
             info_span!("worker_stream", worker_id = %reg.worker_id, session_id = %session_id);
         tokio::spawn(
             async move {
-                let reason = read_loop(&shared, &session_id, &tx, inbound).await;
+                let reason = read_loop(&shared, &session_id, &tx, inbound, entry).await;
                 lose_session(&shared, &session_id, &reason).await;
             }
             .instrument(span),
@@ -131,6 +155,7 @@ async fn read_loop(
     session_id: &str,
     tx: &StreamTx,
     mut inbound: Streaming<pb::ConnectRequest>,
+    mut entry: WorkerEntry,
 ) -> String {
     let silence = shared.opts.heartbeat_interval * 3;
     loop {
@@ -149,6 +174,22 @@ async fn read_loop(
         shared.registry.touch(session_id, now);
         match msg.message {
             Some(In::Heartbeat(hb)) => {
+                // Refresh the cluster-wide entry (its TTL, the load figures)
+                // off the read path: a slow coordinator must not stall the stream.
+                entry.load = WorkerLoad {
+                    active: hb.active,
+                    cpu_idle_percent: hb.cpu_idle_percent,
+                    avg_cost_ms: hb.avg_cost_ms,
+                };
+                entry.last_seen = now;
+                entry.draining = shared.registry.is_draining(session_id);
+                let coord = shared.coord.clone();
+                let refreshed = entry.clone();
+                tokio::spawn(async move {
+                    if let Err(err) = coord.put_worker(refreshed).await {
+                        warn!(error = %err, "cannot refresh the worker's cluster-wide entry");
+                    }
+                });
                 shared.registry.heartbeat(
                     session_id,
                     Heartbeat {
@@ -306,6 +347,10 @@ async fn on_complete(shared: &Shared, session_id: &str, tx: &StreamTx, done: pb:
 /// Takes back every attempt of a lost stream.
 async fn lose_session(shared: &Shared, session_id: &str, reason: &str) {
     let execs = shared.registry.remove(session_id);
+    if let Err(err) = shared.coord.remove_worker(session_id).await {
+        // Its entry expires by its TTL instead.
+        warn!(error = %err, "cannot remove the worker's cluster-wide entry");
+    }
     info!(reason, in_flight = execs.len(), "worker stream lost");
     if execs.is_empty() {
         return;

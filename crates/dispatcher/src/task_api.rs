@@ -590,7 +590,37 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         if !handler.is_empty() {
             validate::handler_name(&handler).map_err(invalid)?;
         }
+        // This replica's own streams, as it sees them now, plus every other
+        // replica's from the cluster-wide registry.
         let mut workers = self.shared.registry.snapshot(self.shared.coord.node_id());
+        let local: std::collections::HashSet<String> =
+            workers.iter().map(|w| w.session_id.clone()).collect();
+        let cluster = self
+            .shared
+            .coord
+            .list_workers()
+            .await
+            .map_err(Error::from)?;
+        for e in cluster
+            .into_iter()
+            .filter(|e| !local.contains(&e.session_id))
+        {
+            workers.push(pb::WorkerInfo {
+                worker_id: e.worker_id,
+                name: e.name,
+                handlers: e.handlers,
+                capacity: e.capacity,
+                active: e.load.active,
+                labels: e.labels.into_iter().collect(),
+                weight: e.weight,
+                cpu_idle_percent: e.load.cpu_idle_percent,
+                avg_cost_ms: e.load.avg_cost_ms,
+                last_seen_time: Some(crate::convert::timestamp(e.last_seen)),
+                draining: e.draining,
+                session_id: e.session_id,
+                node_id: e.node_id,
+            });
+        }
         if !handler.is_empty() {
             workers.retain(|w| w.handlers.contains(&handler));
         }
