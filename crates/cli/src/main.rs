@@ -2,6 +2,7 @@
 
 mod bench;
 mod client;
+mod ledger;
 mod logging;
 mod schedule_cmd;
 
@@ -120,6 +121,10 @@ struct WorkerArgs {
     /// Labels the worker carries, as key=value, comma-separated.
     #[arg(long, value_delimiter = ',')]
     label: Vec<String>,
+    /// Append one line per handler execution (task_id attempt execution_id
+    /// worker_id) to this file before it runs.
+    #[arg(long)]
+    ledger: Option<PathBuf>,
     #[command(flatten)]
     log: logging::LogArgs,
 }
@@ -203,6 +208,14 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         opts.labels.insert(k.to_string(), v.to_string());
     }
     opts.validate()?;
+    let worker_id = opts.worker_id.clone();
+    let ledger = match &args.ledger {
+        Some(path) => Some(
+            ledger::Ledgered::open(path)
+                .map_err(|e| anyhow::anyhow!("cannot open the ledger {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
     let mut worker = taskmesh_worker::Worker::new(opts);
     for name in &args.handlers {
         let handler = taskmesh_worker::builtin::builtin(name).ok_or_else(|| {
@@ -211,6 +224,14 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
                 taskmesh_worker::builtin::BUILTIN_NAMES.join(", ")
             )
         })?;
+        let handler: std::sync::Arc<dyn taskmesh_worker::Handler> = match &ledger {
+            Some(file) => std::sync::Arc::new(ledger::Ledgered::new(
+                handler,
+                file.clone(),
+                worker_id.clone(),
+            )),
+            None => handler,
+        };
         worker.add_handler(name.as_str(), handler);
     }
     let shutdown = CancellationToken::new();
