@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/taskmesh-target
 PY_VENV ?= $(HOME)/.cache/taskmesh-py
 
-.PHONY: run build test services fmt fmt-check lint unit proto-python buf examples-setup polyglot help
+.PHONY: run build test services fmt fmt-check lint unit proto-python buf examples-setup polyglot openapi schemathesis help
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -31,6 +31,10 @@ lint: ## Clippy on every target, warnings are errors
 
 unit: build ## The Rust tests: unit, property, conformance and end-to-end
 	$(CARGO) test --workspace
+
+openapi: ## Regenerate docs/openapi.json from proto/ (a test fails while it is stale)
+	$(CARGO) run -q -p taskmesh-cli --bin taskmesh -- openapi > docs/openapi.json.tmp
+	mv docs/openapi.json.tmp docs/openapi.json
 
 proto-python: ## Generate Python stubs from proto/ with grpcio-tools (checks the contract compiles for other languages)
 	bash scripts/proto-python.sh "$(PY_VENV)"

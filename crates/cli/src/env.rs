@@ -5,7 +5,7 @@
 pub const DATA_DIR: &str = "TASKMESH_DATA_DIR";
 /// gRPC listen address (`serve`).
 pub const GRPC_ADDR: &str = "TASKMESH_GRPC_ADDR";
-/// HTTP listen address for health (and later REST and metrics) (`serve`).
+/// HTTP listen address: the REST gateway, `/openapi.json`, health (`serve`).
 pub const HTTP_ADDR: &str = "TASKMESH_HTTP_ADDR";
 /// ACK timeout (`serve`), e.g. "10s".
 pub const ACK_TIMEOUT: &str = "TASKMESH_ACK_TIMEOUT";
@@ -15,6 +15,13 @@ pub const HEARTBEAT_INTERVAL: &str = "TASKMESH_HEARTBEAT_INTERVAL";
 pub const MAX_PAYLOAD_BYTES: &str = "TASKMESH_MAX_PAYLOAD_BYTES";
 /// Requests in flight before shedding (`serve`).
 pub const MAX_CONCURRENT_REQUESTS: &str = "TASKMESH_MAX_CONCURRENT_REQUESTS";
+/// Largest REST request body, in bytes (`serve`).
+pub const MAX_BODY_BYTES: &str = "TASKMESH_MAX_BODY_BYTES";
+/// Key of the HMAC-SHA256 signature on callbacks (`serve`); unset sends them
+/// unsigned. Prefer this variable to the flag, which other users can see.
+pub const CALLBACK_SECRET: &str = "TASKMESH_CALLBACK_SECRET";
+/// Tries per callback before it is given up (`serve`).
+pub const CALLBACK_MAX_ATTEMPTS: &str = "TASKMESH_CALLBACK_MAX_ATTEMPTS";
 /// Server address(es) for clients and workers, comma-separated.
 pub const SERVER: &str = "TASKMESH_SERVER";
 /// Handlers a worker serves, comma-separated.

@@ -105,7 +105,10 @@ impl IntoResponse for ApiError {
         }
         let mut response = (
             self.status,
-            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
             self.body_json(),
         )
             .into_response();

@@ -88,7 +88,10 @@ async fn handle(shared: &Shared, request: Request) -> Result<Response, ApiError>
         .and_then(|accepted| accepted_location(accepted, &response));
     let mut answer = (
         StatusCode::OK,
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
         json,
     )
         .into_response();
@@ -119,7 +122,9 @@ async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Byte
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-        Err(err) => Err(ApiError::invalid(format!("cannot read the request body: {err}"))),
+        Err(err) => Err(ApiError::invalid(format!(
+            "cannot read the request body: {err}"
+        ))),
     }
 }
 
@@ -136,7 +141,9 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
         .unwrap_or_default()
         .trim()
         .to_ascii_lowercase();
-    if essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json")) {
+    if essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    {
         return Ok(());
     }
     Err(ApiError::new(

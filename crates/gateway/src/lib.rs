@@ -118,7 +118,10 @@ impl Gateway {
                     let body = openapi.clone();
                     async move {
                         (
-                            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+                            [(
+                                header::CONTENT_TYPE,
+                                HeaderValue::from_static("application/json"),
+                            )],
                             body.as_str().to_owned(),
                         )
                     }
@@ -135,14 +138,17 @@ impl Gateway {
             // cutting unary calls with DEADLINE_EXCEEDED), once for both
             // front doors.
             .layer(CatchPanicLayer::custom(|_| {
-                ApiError::from_grpc(error::code::INTERNAL, "internal error")
-                    .into_response_parts()
+                ApiError::from_grpc(error::code::INTERNAL, "internal error").into_response_parts()
             }))
             .layer(TraceLayer::new_for_http())
     }
 
     /// Serves on `listener` until `shutdown`; open event streams end then.
-    pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
         let router = self.router();
         let streams = self.shared.shutdown.clone();
         let addr = listener.local_addr().ok();

@@ -114,7 +114,11 @@ fn operation(route: &Route, id: String, comments: &Comments, schemas: &mut Schem
         }
         parameters.push(p);
     }
-    let bound: Vec<FieldDescriptor> = route.path_fields.iter().map(|(_, p)| p[0].clone()).collect();
+    let bound: Vec<FieldDescriptor> = route
+        .path_fields
+        .iter()
+        .map(|(_, p)| p[0].clone())
+        .collect();
     match &route.body {
         BodyRule::Whole => {}
         BodyRule::None => query_params(&input, "", &bound, 0, comments, schemas, &mut parameters),

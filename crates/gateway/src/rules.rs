@@ -73,13 +73,6 @@ impl Route {
     pub fn streaming(&self) -> bool {
         self.rpc.is_server_streaming()
     }
-
-    /// True when `field` (top-level) is bound by the path.
-    pub fn in_path(&self, field: &FieldDescriptor) -> bool {
-        self.path_fields
-            .iter()
-            .any(|(_, p)| p.len() == 1 && p[0] == *field)
-    }
 }
 
 /// What a request path and method resolve to.
@@ -228,7 +221,10 @@ fn route(rpc: &MethodDescriptor, rule: &HttpRule) -> Result<Route, String> {
     let response_body = match rule.response_body.as_str() {
         "" => None,
         name => Some(rpc.output().get_field_by_name(name).ok_or_else(|| {
-            format!("response_body {name} is not in {}", rpc.output().full_name())
+            format!(
+                "response_body {name} is not in {}",
+                rpc.output().full_name()
+            )
         })?),
     };
     let accepted = ACCEPTED.iter().find(|a| a.rpc == rpc.full_name());
@@ -297,7 +293,13 @@ fn check_accepted(a: &Accepted, output: &MessageDescriptor) -> Result<(), String
     output
         .get_field_by_name(a.existing_field)
         .filter(|f| f.kind() == Kind::Bool && !f.is_list())
-        .ok_or_else(|| format!("{} has no bool field {}", output.full_name(), a.existing_field))?;
+        .ok_or_else(|| {
+            format!(
+                "{} has no bool field {}",
+                output.full_name(),
+                a.existing_field
+            )
+        })?;
     for var in Template::parse(a.location)?.variables() {
         output
             .get_field_by_name(var)

@@ -51,7 +51,10 @@ impl Template {
             Some(i) => (&rest[..i], Some(rest[i + 1..].to_string())),
             None => (rest, None),
         };
-        if verb.as_deref().is_some_and(|v| v.is_empty() || v.contains('/')) {
+        if verb
+            .as_deref()
+            .is_some_and(|v| v.is_empty() || v.contains('/'))
+        {
             return Err(bad("empty or malformed verb"));
         }
         let mut segments = Vec::new();
@@ -65,7 +68,9 @@ impl Template {
                     .ok_or_else(|| bad("a variable must fill its whole segment"))?;
                 let (field, pattern) = inner.split_once('=').unwrap_or((inner, "*"));
                 if pattern != "*" {
-                    return Err(bad("only single-segment variables ({x} or {x=*}) are supported"));
+                    return Err(bad(
+                        "only single-segment variables ({x} or {x=*}) are supported",
+                    ));
                 }
                 let valid = !field.is_empty()
                     && field.split('.').all(|p| {
@@ -171,7 +176,11 @@ mod tests {
             Some(vec![("task_id".into(), "abc".into())])
         );
         assert_eq!(vars("/api/tasks/{task_id}", "/api/tasks//"), None);
-        assert_eq!(vars("/api/tasks/{task_id}", "/api/tasks/"), None, "empty value");
+        assert_eq!(
+            vars("/api/tasks/{task_id}", "/api/tasks/"),
+            None,
+            "empty value"
+        );
         assert_eq!(
             vars("/api/tasks/{task_id=*}", "/api/tasks/a%20b%3Ac"),
             Some(vec![("task_id".into(), "a b:c".into())])
@@ -203,7 +212,11 @@ mod tests {
 
     #[test]
     fn openapi_paths_keep_the_template_shape() {
-        for t in ["/api/tasks", "/api/tasks:batch", "/api/tasks/{task_id}/watch"] {
+        for t in [
+            "/api/tasks",
+            "/api/tasks:batch",
+            "/api/tasks/{task_id}/watch",
+        ] {
             assert_eq!(Template::parse(t).unwrap().openapi_path(), t);
         }
         assert_eq!(

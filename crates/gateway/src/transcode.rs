@@ -153,13 +153,20 @@ fn query_field(route: &Route, key: &str) -> Result<Vec<FieldDescriptor>, String>
         }
         let last = i + 1 == parts.len();
         match field.kind() {
-            Kind::Message(m) if !last && !field.is_list() && !field.is_map() && !is_scalar_like(&field.kind()) => {
+            Kind::Message(m)
+                if !last
+                    && !field.is_list()
+                    && !field.is_map()
+                    && !is_scalar_like(&field.kind()) =>
+            {
                 message = m;
             }
             _ if !last => return Err(format!("{part} has no sub-fields")),
             _ if field.is_map() => return Err("map fields cannot be set from the query".into()),
             kind if !is_scalar_like(&kind) => {
-                return Err(format!("{part} is a message: set its fields as {key}.<field>"));
+                return Err(format!(
+                    "{part} is a message: set its fields as {key}.<field>"
+                ));
             }
             _ => {}
         }
@@ -212,7 +219,10 @@ fn push(tree: &mut Map<String, Json>, fields: &[FieldDescriptor], value: Json) {
 }
 
 /// The object holding the last of `fields`.
-fn parent<'a>(tree: &'a mut Map<String, Json>, fields: &[FieldDescriptor]) -> &'a mut Map<String, Json> {
+fn parent<'a>(
+    tree: &'a mut Map<String, Json>,
+    fields: &[FieldDescriptor],
+) -> &'a mut Map<String, Json> {
     let mut slot = tree;
     for field in &fields[..fields.len() - 1] {
         // The proto name spelling would be decoded after (and so override)

@@ -6,9 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use prost_reflect::{
-    DescriptorPool, EnumDescriptor, FieldDescriptor, Kind, MessageDescriptor,
-};
+use prost_reflect::{DescriptorPool, EnumDescriptor, FieldDescriptor, Kind, MessageDescriptor};
 use serde_json::{Map, Value, json};
 
 /// Leading comments of every described element, keyed by file and path.
@@ -212,7 +210,9 @@ fn well_known(full_name: &str) -> Option<Value> {
         "google.protobuf.BytesValue" => json!({"type": "string", "format": "byte"}),
         "google.protobuf.BoolValue" => json!({"type": "boolean"}),
         "google.protobuf.Int32Value" => json!({"type": "integer", "format": "int32"}),
-        "google.protobuf.UInt32Value" => json!({"type": "integer", "format": "int64", "minimum": 0}),
+        "google.protobuf.UInt32Value" => {
+            json!({"type": "integer", "format": "int64", "minimum": 0})
+        }
         "google.protobuf.Int64Value" | "google.protobuf.UInt64Value" => {
             json!({"type": "string", "format": "int64"})
         }

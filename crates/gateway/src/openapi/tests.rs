@@ -18,7 +18,11 @@ fn op<'a>(doc: &'a Value, path: &str, method: &str) -> &'a Value {
 fn param_names(op: &Value) -> Vec<String> {
     op["parameters"]
         .as_array()
-        .map(|ps| ps.iter().map(|p| p["name"].as_str().unwrap().to_string()).collect())
+        .map(|ps| {
+            ps.iter()
+                .map(|p| p["name"].as_str().unwrap().to_string())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -36,9 +40,15 @@ fn every_annotated_rpc_is_an_operation() {
     ids.sort();
     let pool = crate::descriptor_pool().unwrap();
     let service = pool.get_service_by_name("taskmesh.v1.TaskApi").unwrap();
-    let mut want: Vec<String> = service.methods().map(|m| format!("TaskApi_{}", m.name())).collect();
+    let mut want: Vec<String> = service
+        .methods()
+        .map(|m| format!("TaskApi_{}", m.name()))
+        .collect();
     want.sort();
-    assert_eq!(ids, want, "every TaskApi RPC has exactly one REST operation");
+    assert_eq!(
+        ids, want,
+        "every TaskApi RPC has exactly one REST operation"
+    );
     assert_eq!(doc["openapi"], "3.0.3");
 }
 
@@ -55,10 +65,12 @@ fn submit_is_accepted_with_a_location() {
     );
     let req = &doc["components"]["schemas"]["taskmesh.v1.SubmitTaskRequest"];
     assert_eq!(req["additionalProperties"], false);
-    assert!(req["properties"]["clientRequestId"]["description"]
-        .as_str()
-        .unwrap()
-        .contains("Idempotency key"));
+    assert!(
+        req["properties"]["clientRequestId"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("Idempotency key")
+    );
     assert_eq!(req["properties"]["delay"]["type"], "string");
     assert_eq!(req["properties"]["runAt"]["format"], "date-time");
 }
@@ -67,7 +79,10 @@ fn submit_is_accepted_with_a_location() {
 fn path_query_and_body_fields_are_split_as_the_rules_say() {
     let doc = doc();
     let list = op(&doc, "/api/tasks", "get");
-    assert_eq!(param_names(list), ["state", "handler", "pageSize", "pageToken"]);
+    assert_eq!(
+        param_names(list),
+        ["state", "handler", "pageSize", "pageToken"]
+    );
     assert_eq!(
         list["parameters"][0]["schema"]["$ref"],
         "#/components/schemas/taskmesh.v1.TaskState"
@@ -76,7 +91,11 @@ fn path_query_and_body_fields_are_split_as_the_rules_say() {
     assert_eq!(param_names(cancel), ["task_id"]);
     let body = &cancel["requestBody"]["content"]["application/json"]["schema"];
     let props: Vec<&String> = body["properties"].as_object().unwrap().keys().collect();
-    assert_eq!(props, ["reason"], "the path-bound task_id is not in the body");
+    assert_eq!(
+        props,
+        ["reason"],
+        "the path-bound task_id is not in the body"
+    );
     let create = op(&doc, "/api/schedules", "post");
     assert!(create.get("parameters").is_none());
     assert_eq!(
@@ -102,10 +121,12 @@ fn watch_is_an_event_stream_and_types_follow_proto3_json() {
     assert_eq!(task["attempts"]["type"], "array");
     let states = schemas["taskmesh.v1.TaskState"]["enum"].as_array().unwrap();
     assert!(states.contains(&"TASK_STATE_SUCCEEDED".into()));
-    assert!(schemas["taskmesh.v1.TaskState"]["description"]
-        .as_str()
-        .unwrap()
-        .contains("`TASK_STATE_READY`: Due"));
+    assert!(
+        schemas["taskmesh.v1.TaskState"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("`TASK_STATE_READY`: Due")
+    );
     assert_eq!(schemas["Status"]["required"][0], "code");
 }
 

@@ -47,7 +47,13 @@ fn body_star_takes_the_whole_message_in_proto3_json() {
     assert_eq!(req.priority, 7, "numbers as strings are accepted");
     assert_eq!(req.labels["zone"], "eu");
     assert_eq!(req.client_request_id, "k1", "proto names are accepted too");
-    assert_eq!(req.delay.unwrap(), prost_types::Duration { seconds: 1, nanos: 500_000_000 });
+    assert_eq!(
+        req.delay.unwrap(),
+        prost_types::Duration {
+            seconds: 1,
+            nanos: 500_000_000
+        }
+    );
     assert_eq!(req.balancer, pb::BalancerStrategy::RoundRobin as i32);
     assert_eq!(req.retry_policy.unwrap().max_attempts, 4);
 }
@@ -66,8 +72,7 @@ fn path_variables_override_the_body_and_empty_bodies_are_empty_messages() {
     let req: pb::AckTaskRequest =
         build(Method::POST, &format!("/api/tasks/{id}/ack"), None, "").unwrap();
     assert_eq!(req.task_id, id);
-    let req: pb::GetTaskRequest =
-        build(Method::GET, "/api/tasks/a%2Fb", None, "").unwrap();
+    let req: pb::GetTaskRequest = build(Method::GET, "/api/tasks/a%2Fb", None, "").unwrap();
     assert_eq!(req.task_id, "a/b", "a path variable is percent-decoded");
 }
 
@@ -83,8 +88,7 @@ fn query_parameters_fill_the_remaining_fields() {
     assert_eq!(req.state, pb::TaskState::Ready as i32);
     assert_eq!((req.handler.as_str(), req.page_size), ("echo", 5));
     assert_eq!(req.page_token, "x y");
-    let req: pb::ListTasksRequest =
-        build(Method::GET, "/api/tasks", Some("state=5"), "").unwrap();
+    let req: pb::ListTasksRequest = build(Method::GET, "/api/tasks", Some("state=5"), "").unwrap();
     assert_eq!(req.state, 5, "an enum by number");
     let req: pb::UpdateScheduleRequest = build(
         Method::PUT,
@@ -102,32 +106,96 @@ fn query_parameters_fill_the_remaining_fields() {
 fn bad_input_is_refused_with_the_reason() {
     let cases: [(Method, &str, Option<&str>, &str, &str); 14] = [
         (Method::POST, "/api/tasks", None, "{", "malformed JSON"),
-        (Method::POST, "/api/tasks", None, "[1]", "must be a JSON object"),
+        (
+            Method::POST,
+            "/api/tasks",
+            None,
+            "[1]",
+            "must be a JSON object",
+        ),
         (Method::POST, "/api/tasks", None, r#"{"nope":1}"#, "nope"),
-        (Method::POST, "/api/tasks", None, r#"{"priority":"high"}"#, "invalid"),
-        (Method::POST, "/api/tasks", None, r#"{"priority":1.5}"#, "invalid"),
-        (Method::POST, "/api/tasks", None, r#"{"handler":7}"#, "invalid"),
-        (Method::POST, "/api/tasks", None, r#"{"balancer":"FASTEST"}"#, "FASTEST"),
-        (Method::POST, "/api/tasks", None, r#"{"delay":"soon"}"#, "invalid"),
-        (Method::POST, "/api/tasks", None, r#"{"payload":{"data":"!!"}}"#, "base64"),
-        (Method::POST, "/api/tasks", Some("handler=x"), "{}", "query parameter handler"),
+        (
+            Method::POST,
+            "/api/tasks",
+            None,
+            r#"{"priority":"high"}"#,
+            "invalid",
+        ),
+        (
+            Method::POST,
+            "/api/tasks",
+            None,
+            r#"{"priority":1.5}"#,
+            "invalid",
+        ),
+        (
+            Method::POST,
+            "/api/tasks",
+            None,
+            r#"{"handler":7}"#,
+            "invalid",
+        ),
+        (
+            Method::POST,
+            "/api/tasks",
+            None,
+            r#"{"balancer":"FASTEST"}"#,
+            "FASTEST",
+        ),
+        (
+            Method::POST,
+            "/api/tasks",
+            None,
+            r#"{"delay":"soon"}"#,
+            "invalid",
+        ),
+        (
+            Method::POST,
+            "/api/tasks",
+            None,
+            r#"{"payload":{"data":"!!"}}"#,
+            "base64",
+        ),
+        (
+            Method::POST,
+            "/api/tasks",
+            Some("handler=x"),
+            "{}",
+            "query parameter handler",
+        ),
         (Method::GET, "/api/tasks", Some("bogus=1"), "", "bogus"),
-        (Method::GET, "/api/tasks", Some("pageSize=1&pageSize=2"), "", "more than once"),
-        (Method::GET, "/api/tasks", Some("pageSize=-1"), "", "invalid"),
-        (Method::GET, "/api/tasks", None, "{}", "takes no request body"),
+        (
+            Method::GET,
+            "/api/tasks",
+            Some("pageSize=1&pageSize=2"),
+            "",
+            "more than once",
+        ),
+        (
+            Method::GET,
+            "/api/tasks",
+            Some("pageSize=-1"),
+            "",
+            "invalid",
+        ),
+        (
+            Method::GET,
+            "/api/tasks",
+            None,
+            "{}",
+            "takes no request body",
+        ),
     ];
     for (method, path, query, body, want) in cases {
         let err = build::<pb::SubmitTaskRequest>(method.clone(), path, query, body)
             .expect_err(&format!("{method} {path} {query:?} {body}"));
-        assert!(err.contains(want), "{body}: {err:?} should mention {want:?}");
+        assert!(
+            err.contains(want),
+            "{body}: {err:?} should mention {want:?}"
+        );
     }
-    let err = build::<pb::GetTaskRequest>(
-        Method::GET,
-        "/api/tasks/abc",
-        Some("task_id=x"),
-        "",
-    )
-    .unwrap_err();
+    let err = build::<pb::GetTaskRequest>(Method::GET, "/api/tasks/abc", Some("task_id=x"), "")
+        .unwrap_err();
     assert!(err.contains("set by the path"), "{err}");
 }
 
@@ -143,7 +211,10 @@ fn responses_are_canonical_proto3_json() {
             task_id: "t".into(),
             state: pb::TaskState::Succeeded as i32,
             version: 3,
-            timeout: Some(prost_types::Duration { seconds: 2, nanos: 0 }),
+            timeout: Some(prost_types::Duration {
+                seconds: 2,
+                nanos: 0,
+            }),
             ..Default::default()
         }),
     };
