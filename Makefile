@@ -15,7 +15,7 @@ run: ## Start the embedded demo: a node on SQLite plus a local worker (echo, sle
 build: ## Build the taskmesh binary (debug)
 	$(CARGO) build -p taskmesh-cli --bin taskmesh
 
-test: services fmt-check lint build proto-python buf unit polyglot ## Everything CI checks
+test: services fmt-check lint build proto-python buf unit polyglot schemathesis ## Everything CI checks
 
 services: ## Make sure the machine's Postgres and Redis answer (start them if not)
 	bash scripts/ensure-services.sh
@@ -31,6 +31,9 @@ lint: ## Clippy on every target, warnings are errors
 
 unit: build ## The Rust tests: unit, property, conformance and end-to-end
 	$(CARGO) test --workspace
+
+schemathesis: build ## Fuzz a real `taskmesh serve` through its served OpenAPI document (no 5xx, responses conform)
+	bash scripts/schemathesis.sh "$(CARGO_TARGET_DIR)/debug/taskmesh" "$(PY_VENV)"
 
 openapi: ## Regenerate docs/openapi.json from proto/ (a test fails while it is stale)
 	$(CARGO) run -q -p taskmesh-cli --bin taskmesh -- openapi > docs/openapi.json.tmp

@@ -152,6 +152,10 @@ fn operation(route: &Route, id: String, comments: &Comments, schemas: &mut Schem
     let json_content = |schema: &Value| json!({"application/json": {"schema": schema}});
     let mut responses = Map::new();
     if route.streaming() {
+        // Each event described as OpenAPI 3.2 does (and schemathesis reads a
+        // 3.0 `schema` on text/event-stream): an object with the event name
+        // and its data, a JSON text of the message or of a Status.
+        let status = json!({"$ref": format!("#/components/schemas/{STATUS}")});
         responses.insert(
             "200".into(),
             json!({
@@ -161,7 +165,18 @@ fn operation(route: &Route, id: String, comments: &Comments, schemas: &mut Schem
                      data is a Status, and ends the stream.",
                     rpc.output().name()
                 ),
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                "content": {"text/event-stream": {"schema": {
+                    "type": "object",
+                    "required": ["data"],
+                    "properties": {
+                        "event": {"type": "string", "enum": ["message", "error"]},
+                        "data": {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"anyOf": [output.clone(), status]},
+                        },
+                    },
+                }}},
             }),
         );
     } else if let Some(accepted) = route.accepted {

@@ -112,7 +112,12 @@ fn path_query_and_body_fields_are_split_as_the_rules_say() {
 fn watch_is_an_event_stream_and_types_follow_proto3_json() {
     let doc = doc();
     let watch = op(&doc, "/api/tasks/{task_id}/watch", "get");
-    assert!(watch["responses"]["200"]["content"]["text/event-stream"].is_object());
+    let event = &watch["responses"]["200"]["content"]["text/event-stream"]["schema"];
+    assert_eq!(event["required"][0], "data");
+    assert_eq!(
+        event["properties"]["data"]["contentSchema"]["anyOf"][0]["$ref"],
+        "#/components/schemas/taskmesh.v1.WatchTaskResponse"
+    );
     let schemas = &doc["components"]["schemas"];
     let task = &schemas["taskmesh.v1.Task"]["properties"];
     assert_eq!(task["version"]["type"], "string", "int64 as a string");
