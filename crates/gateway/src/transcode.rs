@@ -8,7 +8,8 @@
 
 use bytes::Bytes;
 use prost::Message;
-use prost_reflect::{DeserializeOptions, DynamicMessage, FieldDescriptor, Kind, SerializeOptions};
+use prost_reflect::{DynamicMessage, FieldDescriptor, Kind, SerializeOptions};
+use serde::de::DeserializeSeed;
 use serde_json::{Map, Value as Json};
 
 use crate::error::ApiError;
@@ -32,12 +33,25 @@ pub fn request(
             .map_err(|e| ApiError::invalid(format!("path parameter {var}: {e}")))?;
         set(&mut tree, fields, json);
     }
-    let message = DynamicMessage::deserialize_with_options(
-        route.rpc.input(),
-        Json::Object(tree),
-        &DeserializeOptions::new(),
-    )
-    .map_err(|e| ApiError::invalid(format!("invalid request: {e}")))?;
+    // Deserializing with the descriptor as seed uses prost-reflect's default
+    // options, which refuse unknown fields; the tracker names the field an
+    // error is about ("priority: invalid digit found in string").
+    let mut track = serde_path_to_error::Track::new();
+    let message = route
+        .rpc
+        .input()
+        .deserialize(serde_path_to_error::Deserializer::new(
+            Json::Object(tree),
+            &mut track,
+        ))
+        .map_err(|e| {
+            let path = track.path().to_string();
+            if path == "." || path == "?" {
+                ApiError::invalid(format!("invalid request: {e}"))
+            } else {
+                ApiError::invalid(format!("invalid request: {path}: {e}"))
+            }
+        })?;
     Ok(message.encode_to_vec().into())
 }
 

@@ -113,7 +113,13 @@ fn bad_input_is_refused_with_the_reason() {
             "[1]",
             "must be a JSON object",
         ),
-        (Method::POST, "/api/tasks", None, r#"{"nope":1}"#, "nope"),
+        (
+            Method::POST,
+            "/api/tasks",
+            None,
+            r#"{"nope":1}"#,
+            "unrecognized field name 'nope'",
+        ),
         (
             Method::POST,
             "/api/tasks",
