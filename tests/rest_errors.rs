@@ -124,7 +124,8 @@ async fn an_unreachable_service_is_503_and_a_failing_check_is_not_ready() {
         .check("store", || async { Ok(()) })
         .check("coordination", || async {
             Err("redis: connection refused".to_string())
-        });
+        })
+        .check("hangs", futures::future::pending::<Result<(), String>>);
     let (rest, stop) = gateway(closed, readiness).await;
     let reply = rest.call(Method::GET, "/api/tasks", None).await;
     assert_error(&reply, 503, 14, "");
@@ -135,7 +136,11 @@ async fn an_unreachable_service_is_503_and_a_failing_check_is_not_ready() {
         json!({
             "status": "unavailable",
             "reason": "coordination: redis: connection refused",
-            "checks": {"store": "ok", "coordination": "redis: connection refused"},
+            "checks": {
+                "store": "ok",
+                "coordination": "redis: connection refused",
+                "hangs": "no answer within 2s",
+            },
         })
     );
     assert_eq!(

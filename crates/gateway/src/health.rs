@@ -4,6 +4,7 @@
 //! this crate stays free of SQL and Redis.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
@@ -53,13 +54,19 @@ pub async fn healthz() -> Response {
     Json(json!({"status": "alive"})).into_response()
 }
 
+/// How long one check may take before it counts as failed: a dependency
+/// that hangs must make the node unready, not hang the probe.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// `GET /readyz`: 200 when every check passes; otherwise 503 naming the
 /// first failure in `reason` and every check's result in `checks`.
 pub async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     let mut checks = serde_json::Map::new();
     let mut reason = None;
     for (name, check) in &shared.readiness.checks {
-        let result = check().await;
+        let result = tokio::time::timeout(CHECK_TIMEOUT, check())
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {CHECK_TIMEOUT:?}")));
         let text = match &result {
             Ok(()) => "ok".to_string(),
             Err(err) => err.clone(),

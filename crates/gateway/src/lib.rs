@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use http::{HeaderValue, header};
 use prost_reflect::DescriptorPool;
@@ -138,7 +139,7 @@ impl Gateway {
             // cutting unary calls with DEADLINE_EXCEEDED), once for both
             // front doors.
             .layer(CatchPanicLayer::custom(|_| {
-                ApiError::from_grpc(error::code::INTERNAL, "internal error").into_response_parts()
+                ApiError::from_grpc(error::code::INTERNAL, "internal error").into_response()
             }))
             .layer(TraceLayer::new_for_http())
     }
@@ -166,10 +167,4 @@ impl Gateway {
 pub fn descriptor_pool() -> Result<DescriptorPool, Error> {
     DescriptorPool::decode(taskmesh::FILE_DESCRIPTOR_SET)
         .map_err(|e| Error::Descriptor(e.to_string()))
-}
-
-impl ApiError {
-    fn into_response_parts(self) -> http::Response<axum::body::Body> {
-        axum::response::IntoResponse::into_response(self)
-    }
 }
