@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/taskmesh-target
 PY_VENV ?= $(HOME)/.cache/taskmesh-py
 
-.PHONY: run build test services fmt fmt-check lint unit proto-python buf examples-setup polyglot bench help
+.PHONY: run build test services fmt fmt-check lint unit proto-python buf examples-setup polyglot bench openapi schemathesis help
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -15,7 +15,7 @@ run: ## Start the embedded demo: a node on SQLite plus a local worker (echo, sle
 build: ## Build the taskmesh binary (debug)
 	$(CARGO) build -p taskmesh-cli --bin taskmesh
 
-test: services fmt-check lint build proto-python buf unit polyglot ## Everything CI checks
+test: services fmt-check lint build proto-python buf unit polyglot schemathesis ## Everything CI checks
 
 services: ## Make sure the machine's Postgres and Redis answer (start them if not)
 	bash scripts/ensure-services.sh
@@ -35,6 +35,13 @@ unit: build ## The Rust tests: unit, property, conformance and end-to-end
 bench: ## Balancer micro-benchmark (divan) and the skew scenario per strategy (release builds)
 	$(CARGO) bench -p taskmesh-dispatcher --bench choose
 	$(CARGO) run --release -p taskmesh-cli --bin taskmesh -- bench --scenario skew --output table
+
+schemathesis: build ## Fuzz a real `taskmesh serve` through its served OpenAPI document (no 5xx, responses conform)
+	bash scripts/schemathesis.sh "$(CARGO_TARGET_DIR)/debug/taskmesh" "$(PY_VENV)"
+
+openapi: ## Regenerate docs/openapi.json from proto/ (a test fails while it is stale)
+	$(CARGO) run -q -p taskmesh-cli --bin taskmesh -- openapi > docs/openapi.json.tmp
+	mv docs/openapi.json.tmp docs/openapi.json
 
 proto-python: ## Generate Python stubs from proto/ with grpcio-tools (checks the contract compiles for other languages)
 	bash scripts/proto-python.sh "$(PY_VENV)"

@@ -3,6 +3,8 @@
 //! workers, the real binary, and waiting on conditions with deadlines.
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;

@@ -5,7 +5,7 @@
 pub const DATA_DIR: &str = "TASKMESH_DATA_DIR";
 /// gRPC listen address (`serve`).
 pub const GRPC_ADDR: &str = "TASKMESH_GRPC_ADDR";
-/// HTTP listen address for health (and later REST and metrics) (`serve`).
+/// HTTP listen address: the REST gateway, `/openapi.json`, health (`serve`).
 pub const HTTP_ADDR: &str = "TASKMESH_HTTP_ADDR";
 /// ACK timeout (`serve`), e.g. "10s".
 pub const ACK_TIMEOUT: &str = "TASKMESH_ACK_TIMEOUT";
@@ -21,6 +21,13 @@ pub const BALANCER: &str = "TASKMESH_BALANCER";
 pub const BALANCER_DEFAULT: &str = "TASKMESH_BALANCER_DEFAULT";
 /// Virtual nodes per stream on consistent-hash rings (`serve`).
 pub const HASH_VNODES: &str = "TASKMESH_HASH_VNODES";
+/// Largest REST request body, in bytes (`serve`).
+pub const MAX_BODY_BYTES: &str = "TASKMESH_MAX_BODY_BYTES";
+/// Key of the HMAC-SHA256 signature on callbacks (`serve`); unset sends them
+/// unsigned. Prefer this variable to the flag, which other users can see.
+pub const CALLBACK_SECRET: &str = "TASKMESH_CALLBACK_SECRET";
+/// Tries per callback before it is given up (`serve`).
+pub const CALLBACK_MAX_ATTEMPTS: &str = "TASKMESH_CALLBACK_MAX_ATTEMPTS";
 /// Server address(es) for clients and workers, comma-separated.
 pub const SERVER: &str = "TASKMESH_SERVER";
 /// Handlers a worker serves, comma-separated.

@@ -46,6 +46,8 @@ enum Command {
     Schedule(schedule_cmd::ScheduleArgs),
     /// Run a benchmark scenario and report what it measured.
     Bench(bench::BenchArgs),
+    /// Print the OpenAPI document of the REST gateway (as in docs/openapi.json).
+    Openapi,
 }
 
 #[derive(Debug, Args)]
@@ -56,7 +58,7 @@ struct ServeArgs {
     /// gRPC listen address (TaskApi and Dispatcher).
     #[arg(long, env = env::GRPC_ADDR, default_value = "127.0.0.1:50051")]
     grpc_addr: SocketAddr,
-    /// HTTP listen address (/healthz, /readyz).
+    /// HTTP listen address: the REST gateway (/api/...), /openapi.json, /healthz, /readyz.
     #[arg(long, env = env::HTTP_ADDR, default_value = "127.0.0.1:8080")]
     http_addr: SocketAddr,
     /// A push not ACKed within this is taken back and re-dispatched.
@@ -94,6 +96,16 @@ struct ServeArgs {
     /// Virtual nodes per stream on CONSISTENT_HASH rings.
     #[arg(long, env = env::HASH_VNODES, default_value_t = taskmesh_dispatcher::balancer::DEFAULT_HASH_VNODES)]
     hash_vnodes: u32,
+    /// Largest REST request body, in bytes; larger ones are refused with 413.
+    #[arg(long, env = env::MAX_BODY_BYTES, default_value_t = 4 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Key of the HMAC-SHA256 signature sent with callbacks (header
+    /// Taskmesh-Signature); unset sends them unsigned. Prefer the variable.
+    #[arg(long, env = env::CALLBACK_SECRET, hide_env_values = true)]
+    callback_secret: Option<String>,
+    /// Tries per callback (the first included) before it is given up.
+    #[arg(long, env = env::CALLBACK_MAX_ATTEMPTS, default_value_t = 15)]
+    callback_max_attempts: u32,
     /// Also run an in-process worker with the built-in handlers.
     #[arg(long)]
     with_worker: bool,
@@ -158,6 +170,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cancel(args) => client::cancel(args).await,
         Command::Schedule(args) => schedule_cmd::run(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Openapi => {
+            let document = taskmesh_gateway::openapi::document()?;
+            print!("{}", taskmesh_gateway::openapi::render(&document));
+            Ok(())
+        }
     }
 }
 
@@ -180,6 +197,9 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
         per_handler: args.balancer.into_iter().collect(),
         hash_vnodes: args.hash_vnodes,
     };
+    opts.max_body_bytes = args.max_body_bytes;
+    opts.callbacks.secret = args.callback_secret;
+    opts.callbacks.policy.max_attempts = args.callback_max_attempts;
     if dev || args.with_worker {
         opts.with_worker = Some(args.worker_concurrency);
     }

@@ -1,4 +1,6 @@
-//! Starting and stopping one node (`taskmesh serve`).
+//! Starting and stopping one node (`taskmesh serve`): store, coordination,
+//! scheduler, the gRPC dispatcher, the REST gateway on the HTTP port and
+//! the callback deliverer.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -6,11 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::{Router, http::StatusCode, routing::get};
+use taskmesh_callbacks::{CallbackOptions, Deliverer};
 use taskmesh_coord::{Coordinator, LocalCoordinator};
 use taskmesh_core::breaker::{BreakerOptions, Breakers};
 use taskmesh_core::{Clock, SystemClock};
 use taskmesh_dispatcher::{DispatchStats, Dispatcher, DispatcherOptions};
+use taskmesh_gateway::{Gateway, GatewayOptions, Readiness};
 use taskmesh_scheduler::{Scheduler, SchedulerOptions};
 use taskmesh_store::{SqliteOptions, SqliteStore, Store};
 use tokio::net::TcpListener;
@@ -31,6 +34,10 @@ pub struct NodeOptions {
     pub dispatcher: DispatcherOptions,
     /// Scheduler options.
     pub scheduler: SchedulerOptions,
+    /// Callback delivery options.
+    pub callbacks: CallbackOptions,
+    /// Largest REST request body; larger ones are refused with 413.
+    pub max_body_bytes: usize,
     /// Start an in-process worker with the built-in handlers and this many
     /// slots (`taskmesh dev`).
     pub with_worker: Option<u32>,
@@ -45,6 +52,8 @@ impl NodeOptions {
             http_addr: ([127, 0, 0, 1], 8080).into(),
             dispatcher: DispatcherOptions::default(),
             scheduler: SchedulerOptions::default(),
+            callbacks: CallbackOptions::default(),
+            max_body_bytes: 4 * 1024 * 1024,
             with_worker: None,
         }
     }
@@ -72,6 +81,22 @@ impl NodeOptions {
             "max concurrent requests must be above zero"
         );
         d.balancer.validate().map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(self.max_body_bytes > 0, "max body bytes must be above zero");
+        let c = &self.callbacks;
+        anyhow::ensure!(
+            c.policy.max_attempts > 0,
+            "callback max attempts must be above zero"
+        );
+        anyhow::ensure!(
+            c.lease > c.request_timeout,
+            "the callback lease ({:?}) must be longer than the callback request timeout ({:?})",
+            c.lease,
+            c.request_timeout
+        );
+        anyhow::ensure!(
+            c.secret.as_deref() != Some(""),
+            "the callback secret must not be empty (leave it unset to send unsigned callbacks)"
+        );
         Ok(())
     }
 }
@@ -178,6 +203,18 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     let grpc_addr = grpc.local_addr()?;
     let http_addr = http.local_addr()?;
 
+    let gateway = Gateway::build(
+        GatewayOptions {
+            max_body_bytes: opts.max_body_bytes,
+            max_message_bytes: opts.dispatcher.max_message_bytes,
+            ..GatewayOptions::new(format!("http://{}", loopback(grpc_addr)))
+        },
+        readiness(store.clone(), coord.clone()),
+    )
+    .context("building the REST gateway")?;
+    let deliverer = Deliverer::build(opts.callbacks.clone(), store.clone(), clock.clone())
+        .context("building the callback deliverer")?;
+
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(scheduler.run(shutdown.child_token())));
@@ -187,11 +224,13 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
             warn!(error = %err, "grpc server failed");
         }
     }));
-    tasks.push(tokio::spawn(serve_http(
-        http,
-        store.clone(),
-        shutdown.child_token(),
-    )));
+    let http_shutdown = shutdown.child_token();
+    tasks.push(tokio::spawn(async move {
+        if let Err(err) = gateway.serve(http, http_shutdown).await {
+            warn!(error = %err, "http server failed");
+        }
+    }));
+    tasks.push(tokio::spawn(deliverer.run(shutdown.child_token())));
     if let Some(slots) = opts.with_worker {
         tasks.push(tokio::spawn(local_worker(
             grpc_addr,
@@ -210,27 +249,31 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     })
 }
 
-async fn serve_http(listener: TcpListener, store: Arc<dyn Store>, shutdown: CancellationToken) {
-    let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let store = store.clone();
-                async move {
-                    match store.ping().await {
-                        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
-                        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n")),
-                    }
-                }
-            }),
-        );
-    if let Err(err) = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-    {
-        warn!(error = %err, "http server failed");
+/// Where the node reaches its own gRPC port: a wildcard listen address is
+/// reached on loopback.
+fn loopback(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            (std::net::Ipv4Addr::LOCALHOST, addr.port()).into()
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            (std::net::Ipv6Addr::LOCALHOST, addr.port()).into()
+        }
+        _ => addr,
     }
+}
+
+/// What `/readyz` checks: the store and coordination answer.
+fn readiness(store: Arc<dyn Store>, coord: Arc<dyn Coordinator>) -> Readiness {
+    Readiness::new()
+        .check("store", move || {
+            let store = store.clone();
+            async move { store.ping().await.map_err(|e| e.to_string()) }
+        })
+        .check("coordination", move || {
+            let coord = coord.clone();
+            async move { coord.ping().await.map_err(|e| e.to_string()) }
+        })
 }
 
 async fn local_worker(grpc_addr: SocketAddr, slots: u32, shutdown: CancellationToken) {

@@ -20,6 +20,10 @@ pub enum ErrorCode {
     Aborted,
     /// The server is over its limits; retry later with backoff.
     ResourceExhausted,
+    /// The caller did not prove who it is.
+    Unauthenticated,
+    /// The caller is known but may not do this.
+    PermissionDenied,
     /// A dependency (store, coordination) cannot be reached; retry later.
     Unavailable,
     /// The operation ran out of time.
@@ -36,6 +40,8 @@ impl ErrorCode {
             ErrorCode::NotFound => 404,
             ErrorCode::AlreadyExists | ErrorCode::Aborted => 409,
             ErrorCode::ResourceExhausted => 429,
+            ErrorCode::Unauthenticated => 401,
+            ErrorCode::PermissionDenied => 403,
             ErrorCode::Unavailable => 503,
             ErrorCode::DeadlineExceeded => 504,
             ErrorCode::Internal => 500,
@@ -49,13 +55,36 @@ impl ErrorCode {
             ErrorCode::DeadlineExceeded => 4,
             ErrorCode::NotFound => 5,
             ErrorCode::AlreadyExists => 6,
+            ErrorCode::PermissionDenied => 7,
             ErrorCode::ResourceExhausted => 8,
             ErrorCode::FailedPrecondition => 9,
             ErrorCode::Aborted => 10,
             ErrorCode::Internal => 13,
             ErrorCode::Unavailable => 14,
+            ErrorCode::Unauthenticated => 16,
         }
     }
+
+    /// The code for a gRPC status code number, `None` for codes outside this
+    /// vocabulary (which front doors report as internal errors, HTTP 500).
+    pub fn from_grpc_code(code: i32) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.grpc_code() == code)
+    }
+
+    /// Every code.
+    pub const ALL: [ErrorCode; 11] = [
+        ErrorCode::InvalidArgument,
+        ErrorCode::NotFound,
+        ErrorCode::AlreadyExists,
+        ErrorCode::FailedPrecondition,
+        ErrorCode::Aborted,
+        ErrorCode::ResourceExhausted,
+        ErrorCode::Unauthenticated,
+        ErrorCode::PermissionDenied,
+        ErrorCode::Unavailable,
+        ErrorCode::DeadlineExceeded,
+        ErrorCode::Internal,
+    ];
 }
 
 #[cfg(test)]
@@ -71,6 +100,8 @@ mod tests {
             (ErrorCode::FailedPrecondition, 400, 9),
             (ErrorCode::Aborted, 409, 10),
             (ErrorCode::ResourceExhausted, 429, 8),
+            (ErrorCode::Unauthenticated, 401, 16),
+            (ErrorCode::PermissionDenied, 403, 7),
             (ErrorCode::Unavailable, 503, 14),
             (ErrorCode::DeadlineExceeded, 504, 4),
             (ErrorCode::Internal, 500, 13),
@@ -78,6 +109,12 @@ mod tests {
         for (code, http, grpc) in cases {
             assert_eq!(code.http_status(), http, "{code:?}");
             assert_eq!(code.grpc_code(), grpc, "{code:?}");
+            assert_eq!(ErrorCode::from_grpc_code(grpc), Some(code));
+        }
+        assert_eq!(cases.len(), ErrorCode::ALL.len());
+        // OK, CANCELLED, UNKNOWN, OUT_OF_RANGE, UNIMPLEMENTED, DATA_LOSS.
+        for other in [0, 1, 2, 11, 12, 15, 99] {
+            assert_eq!(ErrorCode::from_grpc_code(other), None, "{other}");
         }
     }
 }

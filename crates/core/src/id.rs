@@ -1,5 +1,6 @@
 //! Identifiers. Task ids are UUIDv7 (time-ordered, so the primary key index
-//! stays append-mostly); execution and session ids are UUIDv4.
+//! stays append-mostly); execution, session and callback delivery ids are
+//! UUIDv4.
 
 use uuid::Uuid;
 
@@ -10,6 +11,11 @@ pub fn new_task_id() -> String {
 
 /// A new execution id for one attempt.
 pub fn new_execution_id() -> String {
+    Uuid::new_v4().hyphenated().to_string()
+}
+
+/// A new delivery id for one task's callback (the same on every retry).
+pub fn new_delivery_id() -> String {
     Uuid::new_v4().hyphenated().to_string()
 }
 

@@ -8,6 +8,7 @@
 //! compare-and-set on the task's version.
 
 pub mod breaker;
+pub mod callback;
 pub mod clock;
 pub mod error;
 pub mod id;
@@ -18,6 +19,7 @@ pub mod task;
 pub mod timetable;
 pub mod validate;
 
+pub use callback::{CallbackDelivery, CallbackJob, CallbackOutcome, CallbackPolicy, CallbackState};
 pub use clock::{Clock, FakeClock, SystemClock, UnixMillis};
 pub use error::ErrorCode;
 pub use state::{

@@ -273,6 +273,8 @@ pub fn apply(
     next.version = task.version + 1;
     next.updated_at = now;
     next.attempts = Vec::new();
+    // The callback outbox is the store's to fill, never the state machine's.
+    next.callback = None;
     let mut change = AttemptChange::None;
 
     match event {

@@ -206,6 +206,7 @@ impl NewTask {
             balancer: self.balancer,
             schedule_id: self.schedule_id,
             attempts: Vec::new(),
+            callback: None,
         }
     }
 }
@@ -291,6 +292,10 @@ pub struct TaskRecord {
     pub schedule_id: Option<String>,
     /// Attempts, oldest first (may be left empty by list queries).
     pub attempts: Vec<AttemptRecord>,
+    /// The callback outbox entry, once the task ended with a callback URL.
+    /// Read from the outbox, not the task row: transitions never write it
+    /// (the store queues it, see [`TaskRecord::wants_callback`]).
+    pub callback: Option<crate::callback::CallbackDelivery>,
 }
 
 /// How an attempt ended.

@@ -3,7 +3,9 @@
 
 use prost_types::{Duration, Timestamp};
 use taskmesh::v1 as pb;
-use taskmesh_core::{AttemptOutcome, Strategy, TaskRecord, TaskState, UnixMillis};
+use taskmesh_core::{
+    AttemptOutcome, CallbackDelivery, CallbackState, Strategy, TaskRecord, TaskState, UnixMillis,
+};
 
 /// Milliseconds since the epoch as a protobuf Timestamp.
 pub fn timestamp(ms: UnixMillis) -> Timestamp {
@@ -175,7 +177,27 @@ pub fn task_to_pb(t: &TaskRecord) -> pb::Task {
         balancer: strategy_to_pb(t.balancer) as i32,
         schedule_id: t.schedule_id.clone().unwrap_or_default(),
         traceparent: t.traceparent.clone(),
-        callback: None,
+        callback: t.callback.as_ref().map(callback_to_pb),
+    }
+}
+
+/// The wire form of a task's callback delivery.
+pub fn callback_to_pb(c: &CallbackDelivery) -> pb::CallbackDelivery {
+    let state = match c.state {
+        CallbackState::Pending => pb::CallbackState::Pending,
+        CallbackState::Delivered => pb::CallbackState::Delivered,
+        CallbackState::Failed => pb::CallbackState::Failed,
+    };
+    pb::CallbackDelivery {
+        state: state as i32,
+        attempts: c.attempts,
+        last_error: c.last_error.clone(),
+        delivered_time: c.delivered_at.map(timestamp),
+        // Only a pending delivery has a next attempt.
+        next_attempt_time: (c.state == CallbackState::Pending)
+            .then_some(c.next_attempt_at)
+            .flatten()
+            .map(timestamp),
     }
 }
 
@@ -214,6 +236,32 @@ mod tests {
             }),
             None
         );
+    }
+
+    #[test]
+    fn callback_delivery_states_map_to_the_wire() {
+        let mut c = CallbackDelivery {
+            delivery_id: "d".into(),
+            url: "http://x/".into(),
+            state: CallbackState::Pending,
+            attempts: 2,
+            last_error: "HTTP 500".into(),
+            next_attempt_at: Some(1_500),
+            delivered_at: None,
+            created_at: 1_000,
+        };
+        let wire = callback_to_pb(&c);
+        assert_eq!(wire.state, pb::CallbackState::Pending as i32);
+        assert_eq!(wire.next_attempt_time, Some(timestamp(1_500)));
+        assert_eq!((wire.attempts, wire.last_error.as_str()), (2, "HTTP 500"));
+        c.state = CallbackState::Delivered;
+        c.delivered_at = Some(2_000);
+        let wire = callback_to_pb(&c);
+        assert_eq!(wire.state, pb::CallbackState::Delivered as i32);
+        assert_eq!(wire.delivered_time, Some(timestamp(2_000)));
+        assert_eq!(wire.next_attempt_time, None);
+        c.state = CallbackState::Failed;
+        assert_eq!(callback_to_pb(&c).state, pb::CallbackState::Failed as i32);
     }
 
     #[test]

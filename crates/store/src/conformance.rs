@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use taskmesh_core::id::new_task_id;
-use taskmesh_core::{Event, NewTask, RetryPolicy, TaskRecord, UnixMillis, apply};
+use taskmesh_core::{CallbackState, Event, NewTask, RetryPolicy, TaskRecord, UnixMillis, apply};
 
 use crate::{Store, TaskFilter};
 
@@ -71,6 +71,9 @@ macro_rules! store_conformance_suite {
             fire_commit_cancels_the_previous_run,
             awaiting_run_end_lists_fixed_delay_waiters,
             fenced_writes_from_an_old_leader_are_refused,
+            callback_queued_with_terminal_transition,
+            callback_claims_lease_and_outcomes,
+            callbacks_survive_reopen,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -151,7 +154,9 @@ async fn get(store: &dyn Store, id: &str) -> TaskRecord {
 }
 
 /// Applies `event` through the store and checks the store wrote exactly what
-/// the pure state machine computes from the previous record.
+/// the pure state machine computes from the previous record, plus a fresh
+/// callback outbox entry exactly when the task has just ended with a
+/// callback URL.
 async fn step(store: &dyn Store, prev: &TaskRecord, event: Event, now: UnixMillis) -> TaskRecord {
     let mut expected = apply(prev, &event, now).expect("event must be legal").task;
     let written = store
@@ -159,6 +164,30 @@ async fn step(store: &dyn Store, prev: &TaskRecord, event: Event, now: UnixMilli
         .await
         .expect("transition");
     expected.attempts = written.attempts.clone();
+    if expected.wants_callback() {
+        let entry = written
+            .callback
+            .clone()
+            .expect("a task ending with a callback_url must queue its callback");
+        assert_eq!(
+            (
+                entry.url.as_str(),
+                entry.state,
+                entry.attempts,
+                entry.next_attempt_at,
+                entry.created_at
+            ),
+            (
+                expected.callback_url.as_str(),
+                CallbackState::Pending,
+                0,
+                Some(now),
+                now
+            )
+        );
+        assert!(entry.last_error.is_empty() && entry.delivered_at.is_none());
+        expected.callback = Some(entry);
+    }
     assert_eq!(
         written, expected,
         "store must write what core::apply computes"
@@ -179,6 +208,7 @@ fn all_filter(limit: u32) -> TaskFilter {
 }
 
 mod batch_watch;
+mod callbacks;
 mod claims;
 mod create_list;
 mod fence;
@@ -187,6 +217,10 @@ mod schedules;
 mod scheduling;
 
 pub use batch_watch::{subscribe_sees_changes, survives_reopen, transition_many_mixed};
+pub use callbacks::{
+    callback_claims_lease_and_outcomes, callback_queued_with_terminal_transition,
+    callbacks_survive_reopen,
+};
 pub use claims::{claim_order_limit_and_chooser, concurrent_claimers_never_double_claim};
 pub use create_list::{concurrent_idempotent_creates, idempotent_create, list_filters_and_paging};
 pub use fence::fenced_writes_from_an_old_leader_are_refused;

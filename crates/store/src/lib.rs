@@ -12,7 +12,9 @@ pub mod sqlite;
 
 use async_trait::async_trait;
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
-use taskmesh_core::{Event, NewTask, TaskRecord, TaskState, UnixMillis};
+use taskmesh_core::{
+    CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, TaskState, UnixMillis,
+};
 use tokio::sync::broadcast;
 
 pub use error::Error;
@@ -142,8 +144,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Applies `event` to the task with a compare-and-set on its version,
     /// re-reading and re-applying on a lost race. Returns the task as
-    /// written. [`Error::NotFound`] if there is no such task,
-    /// [`Error::Transition`] if the event does not apply.
+    /// written. A transition into a terminal state of a task with a
+    /// `callback_url` queues its callback in the same transaction (the
+    /// returned task carries the new entry in `callback`).
+    /// [`Error::NotFound`] if there is no such task, [`Error::Transition`] if
+    /// the event does not apply.
     async fn transition(&self, id: &str, event: &Event, now: UnixMillis) -> Result<TaskRecord>;
 
     /// Applies many events in one transaction (one commit for the batch).
@@ -191,6 +196,32 @@ pub trait Store: Send + Sync + 'static {
     /// Committed changes, for watchers and the dispatcher's wake-ups. A slow
     /// receiver may miss changes (`Lagged`) and must re-read.
     fn subscribe(&self) -> broadcast::Receiver<TaskChange>;
+
+    /// Claims up to `limit` PENDING callbacks due by `now`, earliest first,
+    /// in one transaction, each with its task (attempts included). A claimed
+    /// entry's `next_attempt_at` moves to `now + lease_ms`: nobody claims it
+    /// again while its try is under way, and it comes back by itself if the
+    /// deliverer dies before recording an outcome.
+    async fn claim_callbacks(
+        &self,
+        now: UnixMillis,
+        limit: usize,
+        lease_ms: i64,
+    ) -> Result<Vec<CallbackJob>>;
+
+    /// Records the outcome of one try of `delivery_id` (counting the try).
+    /// Only a PENDING entry changes: returns false, writing nothing, when it
+    /// had already been delivered or given up. [`Error::NotFound`] when there
+    /// is no such delivery.
+    async fn finish_callback(
+        &self,
+        delivery_id: &str,
+        outcome: &CallbackOutcome,
+        now: UnixMillis,
+    ) -> Result<bool>;
+
+    /// The earliest `next_attempt_at` of any PENDING callback, if any.
+    async fn next_callback_at(&self) -> Result<Option<UnixMillis>>;
 
     /// Checks the store answers.
     async fn ping(&self) -> Result<()>;

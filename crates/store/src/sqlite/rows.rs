@@ -8,7 +8,8 @@ use std::fmt::Display;
 use sqlx::Row;
 use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteRow};
 use taskmesh_core::{
-    AttemptOutcome, AttemptRecord, RetryPolicy, StateTimes, Strategy, TaskRecord, TaskState,
+    AttemptOutcome, AttemptRecord, CallbackDelivery, CallbackState, RetryPolicy, StateTimes,
+    Strategy, TaskRecord, TaskState,
 };
 
 use crate::{Error, Result};
@@ -166,6 +167,7 @@ fn decode_task(row: &SqliteRow, id: &str) -> Result<TaskRecord, String> {
         },
         schedule_id: opt_text("schedule_id")?,
         attempts: Vec::new(),
+        callback: None,
     })
 }
 
@@ -199,4 +201,31 @@ fn decode_attempt(row: &SqliteRow) -> Result<AttemptRecord, String> {
 /// The error for a task row that cannot be read or written.
 fn bad(task_id: &str, what: impl Display) -> Error {
     Error::Internal(format!("task {task_id}: bad row: {what}"))
+}
+
+/// The `callbacks` columns in the order [`callback_from_row`] reads them
+/// (plus `task_id`, which it does not).
+pub(super) const CALLBACK_COLUMNS: &str = "delivery_id, task_id, url, state, attempts, \
+    last_error, next_attempt_at, delivered_at, created_at";
+
+/// Reads an outbox entry from a row of [`CALLBACK_COLUMNS`].
+pub(super) fn callback_from_row(row: &SqliteRow) -> Result<CallbackDelivery> {
+    let task_id: String = row.try_get("task_id").unwrap_or_default();
+    decode_callback(row).map_err(|e| bad(&task_id, format_args!("bad callbacks row: {e}")))
+}
+
+fn decode_callback(row: &SqliteRow) -> Result<CallbackDelivery, String> {
+    let state: String = row.try_get("state").map_err(|e| e.to_string())?;
+    let attempts: i64 = row.try_get("attempts").map_err(|e| e.to_string())?;
+    Ok(CallbackDelivery {
+        delivery_id: row.try_get("delivery_id").map_err(|e| e.to_string())?,
+        url: row.try_get("url").map_err(|e| e.to_string())?,
+        state: CallbackState::parse(&state).ok_or_else(|| format!("unknown state {state:?}"))?,
+        attempts: u32::try_from(attempts)
+            .map_err(|_| format!("attempts = {attempts} is out of range"))?,
+        last_error: row.try_get("last_error").map_err(|e| e.to_string())?,
+        next_attempt_at: row.try_get("next_attempt_at").map_err(|e| e.to_string())?,
+        delivered_at: row.try_get("delivered_at").map_err(|e| e.to_string())?,
+        created_at: row.try_get("created_at").map_err(|e| e.to_string())?,
+    })
 }

@@ -4,11 +4,11 @@
 
 use async_trait::async_trait;
 use sqlx::{AssertSqlSafe, Sqlite, Transaction};
-use taskmesh_core::{Event, NewTask, TaskRecord, UnixMillis};
+use taskmesh_core::{CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, UnixMillis};
 use tokio::sync::broadcast;
 
 use super::SqliteStore;
-use super::rows::task_from_row;
+use super::rows::{callback_from_row, task_from_row};
 use super::tx;
 use crate::error::is_unique_violation;
 use crate::{
@@ -50,6 +50,15 @@ pub(super) const NEXT_DUE_SQL: &str = "SELECT MIN(next_at) FROM tasks WHERE next
 pub(super) const READY_COUNTS_SQL: &str = "SELECT handler, COUNT(*) \
      FROM tasks INDEXED BY tasks_ready_claim \
      WHERE state = 'READY' GROUP BY handler ORDER BY handler";
+
+/// Due callbacks: `callbacks_due`, in its order.
+pub(super) const CLAIM_CALLBACKS_SQL: &str = "SELECT delivery_id, task_id, url, state, attempts, \
+     last_error, next_attempt_at, delivered_at, created_at FROM callbacks \
+     WHERE state = 'PENDING' AND next_attempt_at <= ? \
+     ORDER BY next_attempt_at, delivery_id LIMIT ?";
+/// The earliest due callback: one step down `callbacks_due`.
+pub(super) const NEXT_CALLBACK_SQL: &str =
+    "SELECT MIN(next_attempt_at) FROM callbacks WHERE state = 'PENDING'";
 
 pub(super) fn change_of(task: &TaskRecord) -> TaskChange {
     TaskChange {
@@ -168,6 +177,7 @@ impl Store for SqliteStore {
             return Ok(None);
         };
         task.attempts = tx::load_attempts(&mut rtx, id).await?;
+        task.callback = tx::load_callback(&mut rtx, id).await?;
         rtx.commit().await?;
         Ok(Some(task))
     }
@@ -186,12 +196,25 @@ impl Store for SqliteStore {
         if let Some(before) = &filter.before_id {
             q = q.bind(before.clone());
         }
-        // One more than asked tells whether another page exists.
-        let mut tasks = self.read_tasks(q.bind(i64::from(limit) + 1)).await?;
+        // One more than asked tells whether another page exists. Rows and
+        // their callbacks are read in one read transaction (one snapshot).
+        let mut rtx = self.reader.begin().await?;
+        let rows = q.bind(i64::from(limit) + 1).fetch_all(&mut *rtx).await?;
+        let mut tasks = rows.iter().map(task_from_row).collect::<Result<Vec<_>>>()?;
         let mut next_before_id = None;
         if tasks.len() > limit as usize {
             tasks.truncate(limit as usize);
             next_before_id = tasks.last().map(|t| t.id.clone());
+        }
+        let ended: Vec<&str> = tasks
+            .iter()
+            .filter(|t| t.state.is_terminal() && !t.callback_url.is_empty())
+            .map(|t| t.id.as_str())
+            .collect();
+        let mut callbacks = tx::load_callbacks(&mut rtx, &ended).await?;
+        rtx.commit().await?;
+        for task in &mut tasks {
+            task.callback = callbacks.remove(&task.id);
         }
         Ok(TaskPage {
             tasks,
@@ -263,7 +286,7 @@ impl Store for SqliteStore {
                 worker_id: claim.worker_id,
                 ack_deadline: claim.ack_deadline,
             };
-            let transition = match taskmesh_core::apply(&task, &event, now) {
+            let mut transition = match taskmesh_core::apply(&task, &event, now) {
                 Ok(t) => t,
                 Err(err) => {
                     tracing::warn!(task_id = %task.id, error = %err, "READY task refused dispatch");
@@ -272,7 +295,7 @@ impl Store for SqliteStore {
             };
             // The single writer connection means the CAS cannot miss here;
             // it stays so the invariant holds for every write.
-            if tx::write_transition(&mut tx, task.version, &transition).await? {
+            if tx::write_transition(&mut tx, task.version, &mut transition).await? {
                 claimed.push(transition.task);
             }
         }
@@ -319,6 +342,95 @@ impl Store for SqliteStore {
             .into_iter()
             .map(|(handler, n)| (handler, u64::try_from(n).unwrap_or(0)))
             .collect())
+    }
+
+    async fn claim_callbacks(
+        &self,
+        now: UnixMillis,
+        limit: usize,
+        lease_ms: i64,
+    ) -> Result<Vec<CallbackJob>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin_write().await?;
+        let rows = sqlx::query(CLAIM_CALLBACKS_SQL)
+            .bind(now)
+            .bind(sql_limit(limit))
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut jobs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let mut delivery = callback_from_row(row)?;
+            let task_id: String = sqlx::Row::try_get(row, "task_id")?;
+            let lease_end = now.saturating_add(lease_ms.max(1));
+            sqlx::query("UPDATE callbacks SET next_attempt_at = ? WHERE delivery_id = ?")
+                .bind(lease_end)
+                .bind(delivery.delivery_id.clone())
+                .execute(&mut *tx)
+                .await?;
+            delivery.next_attempt_at = Some(lease_end);
+            let Some(mut task) = tx::load_task(&mut tx, &task_id).await? else {
+                // The foreign key makes this impossible; say so if it happens.
+                return Err(Error::Internal(format!(
+                    "callback {} names missing task {task_id}",
+                    delivery.delivery_id
+                )));
+            };
+            task.attempts = tx::load_attempts(&mut tx, &task_id).await?;
+            task.callback = Some(delivery.clone());
+            jobs.push(CallbackJob { delivery, task });
+        }
+        tx.commit().await?;
+        Ok(jobs)
+    }
+
+    async fn finish_callback(
+        &self,
+        delivery_id: &str,
+        outcome: &CallbackOutcome,
+        now: UnixMillis,
+    ) -> Result<bool> {
+        let (state, last_error, next_attempt_at, delivered_at) = match outcome {
+            CallbackOutcome::Delivered => ("DELIVERED", String::new(), None, Some(now)),
+            CallbackOutcome::Retry {
+                error,
+                next_attempt_at,
+            } => ("PENDING", error.clone(), Some(*next_attempt_at), None),
+            CallbackOutcome::Failed { error } => ("FAILED", error.clone(), None, None),
+        };
+        let mut tx = self.begin_write().await?;
+        let changed = sqlx::query(
+            "UPDATE callbacks SET state = ?, attempts = attempts + 1, last_error = ?, \
+             next_attempt_at = ?, delivered_at = ? WHERE delivery_id = ? AND state = 'PENDING'",
+        )
+        .bind(state)
+        .bind(last_error)
+        .bind(next_attempt_at)
+        .bind(delivered_at)
+        .bind(delivery_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if changed == 0 {
+            let exists: Option<i64> =
+                sqlx::query_scalar("SELECT 1 FROM callbacks WHERE delivery_id = ?")
+                    .bind(delivery_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if exists.is_none() {
+                return Err(Error::NotFound(format!("callback delivery {delivery_id}")));
+            }
+        }
+        tx.commit().await?;
+        Ok(changed > 0)
+    }
+
+    async fn next_callback_at(&self) -> Result<Option<UnixMillis>> {
+        let min: Option<i64> = sqlx::query_scalar(NEXT_CALLBACK_SQL)
+            .fetch_one(&self.reader)
+            .await?;
+        Ok(min)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<TaskChange> {

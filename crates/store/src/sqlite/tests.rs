@@ -10,7 +10,10 @@ use sqlx::Row;
 use taskmesh_core::TaskState;
 use tempfile::TempDir;
 
-use super::store_impl::{CLAIM_SQL, DUE_SQL, NEXT_DUE_SQL, READY_COUNTS_SQL, list_sql};
+use super::store_impl::{
+    CLAIM_CALLBACKS_SQL, CLAIM_SQL, DUE_SQL, NEXT_CALLBACK_SQL, NEXT_DUE_SQL, READY_COUNTS_SQL,
+    list_sql,
+};
 use super::{SqliteOptions, SqliteStore, tx};
 use crate::conformance::{T0, new_task};
 use crate::error::is_unique_violation;
@@ -68,7 +71,9 @@ async fn queries_use_their_indexes() {
         before_id: Some("z".into()),
         ..TaskFilter::default()
     });
-    let cases: [(&str, String, usize); 6] = [
+    let cases: [(&str, String, usize); 8] = [
+        ("callbacks_due", CLAIM_CALLBACKS_SQL.into(), 2),
+        ("callbacks_due", NEXT_CALLBACK_SQL.into(), 0),
         ("tasks_ready_claim", CLAIM_SQL.into(), 2),
         ("tasks_next_at", DUE_SQL.into(), 2),
         ("tasks_next_at", NEXT_DUE_SQL.into(), 0),

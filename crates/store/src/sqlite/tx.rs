@@ -3,11 +3,17 @@
 //! `taskmesh_core::apply` with a compare-and-set on the version plus its
 //! attempts change.
 
-use sqlx::SqliteConnection;
-use taskmesh_core::{AttemptChange, AttemptRecord, Event, TaskRecord, Transition, UnixMillis};
+use std::collections::HashMap;
+
+use sqlx::{AssertSqlSafe, SqliteConnection};
+use taskmesh_core::{
+    AttemptChange, AttemptRecord, CallbackDelivery, CallbackState, Event, TaskRecord, Transition,
+    UnixMillis,
+};
 
 use super::rows::{
-    INSERT_TASK, UPDATE_TASK_CAS, attempt_from_row, bind_body, fingerprint_from_row, task_from_row,
+    CALLBACK_COLUMNS, INSERT_TASK, UPDATE_TASK_CAS, attempt_from_row, bind_body, callback_from_row,
+    fingerprint_from_row, task_from_row,
 };
 use crate::{Error, Result};
 
@@ -63,6 +69,7 @@ pub(super) async fn find_by_request_id(
     let mut task = task_from_row(&row)?;
     let fingerprint = fingerprint_from_row(&row)?;
     task.attempts = load_attempts(conn, &task.id).await?;
+    task.callback = load_callback(conn, &task.id).await?;
     Ok(Some((task, fingerprint)))
 }
 
@@ -81,13 +88,83 @@ pub(super) async fn insert_task(
     Ok(q.execute(&mut *conn).await.map(|_| ()))
 }
 
+/// The callback outbox entry of task `task_id`, if it has one.
+pub(super) async fn load_callback(
+    conn: &mut SqliteConnection,
+    task_id: &str,
+) -> Result<Option<CallbackDelivery>> {
+    let sql = format!("SELECT {CALLBACK_COLUMNS} FROM callbacks WHERE task_id = ?");
+    let row = sqlx::query(AssertSqlSafe(sql))
+        .bind(task_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.as_ref().map(callback_from_row).transpose()
+}
+
+/// The callback outbox entries of the tasks among `task_ids` that have one.
+pub(super) async fn load_callbacks(
+    conn: &mut SqliteConnection,
+    task_ids: &[&str],
+) -> Result<HashMap<String, CallbackDelivery>> {
+    let mut out = HashMap::new();
+    // Chunks keep each statement well below SQLite's bound-variable limit.
+    for chunk in task_ids.chunks(500) {
+        let marks = vec!["?"; chunk.len()].join(", ");
+        let sql = format!("SELECT {CALLBACK_COLUMNS} FROM callbacks WHERE task_id IN ({marks})");
+        // Only placeholders are spliced in; every value is bound.
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for id in chunk {
+            q = q.bind(id.to_string());
+        }
+        for row in q.fetch_all(&mut *conn).await? {
+            let task_id: String = sqlx::Row::try_get(&row, "task_id")?;
+            out.insert(task_id, callback_from_row(&row)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Queues the callback of a task that has just ended.
+async fn insert_callback(
+    conn: &mut SqliteConnection,
+    task: &TaskRecord,
+) -> Result<CallbackDelivery> {
+    let entry = CallbackDelivery {
+        delivery_id: taskmesh_core::id::new_delivery_id(),
+        url: task.callback_url.clone(),
+        state: CallbackState::Pending,
+        attempts: 0,
+        last_error: String::new(),
+        next_attempt_at: Some(task.updated_at),
+        delivered_at: None,
+        created_at: task.updated_at,
+    };
+    sqlx::query(
+        "INSERT INTO callbacks (delivery_id, task_id, url, state, attempts, last_error, \
+         next_attempt_at, delivered_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(entry.delivery_id.clone())
+    .bind(task.id.clone())
+    .bind(entry.url.clone())
+    .bind(entry.state.as_str())
+    .bind(i64::from(entry.attempts))
+    .bind(entry.last_error.clone())
+    .bind(entry.next_attempt_at)
+    .bind(entry.delivered_at)
+    .bind(entry.created_at)
+    .execute(&mut *conn)
+    .await?;
+    Ok(entry)
+}
+
 /// Writes `transition` if the row still has `expected_version`, together
-/// with its attempts change. False when the compare-and-set missed (nothing
-/// was written).
+/// with its attempts change and, when the task has just ended with a
+/// callback URL, its callback outbox entry (set on `transition.task`). False
+/// when the compare-and-set missed (nothing was written).
 pub(super) async fn write_transition(
     conn: &mut SqliteConnection,
     expected_version: i64,
-    transition: &Transition,
+    transition: &mut Transition,
 ) -> Result<bool> {
     let task = &transition.task;
     let q = bind_body(sqlx::query(UPDATE_TASK_CAS), task)?
@@ -139,6 +216,10 @@ pub(super) async fn write_transition(
             }
         }
     }
+    if task.wants_callback() {
+        let entry = insert_callback(conn, task).await?;
+        transition.task.callback = Some(entry);
+    }
     Ok(true)
 }
 
@@ -155,8 +236,8 @@ pub(super) async fn transition_one(
         let task = load_task(conn, id)
             .await?
             .ok_or_else(|| Error::NotFound(id.to_string()))?;
-        let transition = taskmesh_core::apply(&task, event, now)?;
-        if write_transition(conn, task.version, &transition).await? {
+        let mut transition = taskmesh_core::apply(&task, event, now)?;
+        if write_transition(conn, task.version, &mut transition).await? {
             return Ok(transition.task);
         }
         tracing::debug!(task_id = %id, version = task.version, "lost compare-and-set; re-reading");

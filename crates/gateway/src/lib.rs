@@ -1,0 +1,170 @@
+//! The REST/JSON front door of taskmesh, grpc-gateway style: routes built at
+//! start-up from the `google.api.http` rules of the descriptor set,
+//! JSON ↔ protobuf by the proto3 JSON mapping, each request forwarded to
+//! the node's own gRPC port through a generic client, server streaming as
+//! Server-Sent Events, and the OpenAPI 3 document generated from the same
+//! descriptors. Also the node's `/healthz` and `/readyz`.
+//!
+//! Architecture invariant: nothing here is written per endpoint, and this
+//! crate never links the service implementation: it knows the contract
+//! (`taskmesh`) and the error vocabulary (`taskmesh-core`) only, never SQL,
+//! Redis or the dispatcher. Both front doors therefore share one
+//! implementation, one validation and one set of limits.
+
+mod backend;
+mod error;
+mod handler;
+mod health;
+pub mod openapi;
+mod rules;
+mod template;
+mod transcode;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use http::{HeaderValue, header};
+use prost_reflect::DescriptorPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+pub use error::{ApiError, Error};
+pub use handler::FORWARDED_HEADERS;
+pub use health::{Check, Readiness};
+
+use backend::Backend;
+use rules::Routes;
+
+/// How the gateway behaves.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    /// The gRPC server whose `google.api.http` RPCs are served, e.g.
+    /// `http://127.0.0.1:50051` (the node's own gRPC port).
+    pub grpc_target: String,
+    /// Larger request bodies are refused with 413.
+    pub max_body_bytes: usize,
+    /// Largest gRPC message sent or received.
+    pub max_message_bytes: usize,
+    /// A comment is sent on idle Server-Sent Events streams this often, so
+    /// proxies do not cut them.
+    pub sse_keep_alive: Duration,
+}
+
+impl GatewayOptions {
+    /// Options for `grpc_target` with the defaults: 4 MiB bodies and
+    /// messages (a 1 MiB payload is about 1.4 MB of base64 in JSON), 15 s
+    /// keep-alive.
+    pub fn new(grpc_target: impl Into<String>) -> Self {
+        Self {
+            grpc_target: grpc_target.into(),
+            max_body_bytes: 4 * 1024 * 1024,
+            max_message_bytes: 4 * 1024 * 1024,
+            sse_keep_alive: Duration::from_secs(15),
+        }
+    }
+}
+
+/// What every request handler shares.
+struct Shared {
+    options: GatewayOptions,
+    routes: Routes,
+    backend: Backend,
+    readiness: Readiness,
+    openapi: Arc<String>,
+    /// Ends Server-Sent Events streams when the gateway stops.
+    shutdown: CancellationToken,
+}
+
+/// A built gateway, ready to serve.
+pub struct Gateway {
+    shared: Arc<Shared>,
+}
+
+impl Gateway {
+    /// Reads the routes from [`taskmesh::FILE_DESCRIPTOR_SET`] and prepares
+    /// the client for `options.grpc_target`. `readiness` is what `/readyz`
+    /// checks. Fails on a descriptor rule the gateway cannot serve.
+    pub fn build(options: GatewayOptions, readiness: Readiness) -> Result<Self, Error> {
+        let pool = descriptor_pool()?;
+        let routes = Routes::load(&pool)?;
+        let openapi = openapi::render(&openapi::document_from(&pool, &routes));
+        let backend = Backend::new(&options.grpc_target, options.max_message_bytes)?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                options,
+                routes,
+                backend,
+                readiness,
+                openapi: Arc::new(openapi),
+                shutdown: CancellationToken::new(),
+            }),
+        })
+    }
+
+    /// The HTTP application: `/healthz`, `/readyz`, `/openapi.json` and every
+    /// transcoded route.
+    pub fn router(&self) -> Router {
+        let openapi = self.shared.openapi.clone();
+        Router::new()
+            .route("/healthz", get(health::healthz))
+            .route("/readyz", get(health::readyz))
+            .route(
+                "/openapi.json",
+                get(move || {
+                    let body = openapi.clone();
+                    async move {
+                        (
+                            [(
+                                header::CONTENT_TYPE,
+                                HeaderValue::from_static("application/json"),
+                            )],
+                            body.as_str().to_owned(),
+                        )
+                    }
+                }),
+            )
+            .method_not_allowed_fallback(handler::method_not_allowed)
+            .fallback(handler::transcode)
+            .with_state(self.shared.clone())
+            // The stack, outermost first. A span per request, so everything
+            // below logs inside it; then panics become a 500 (a bug must
+            // never drop the connection without an answer). No concurrency
+            // limit or deadline here: the gRPC server that every request
+            // reaches applies the node's (shedding with RESOURCE_EXHAUSTED,
+            // cutting unary calls with DEADLINE_EXCEEDED), once for both
+            // front doors.
+            .layer(CatchPanicLayer::custom(|_| {
+                ApiError::from_grpc(error::code::INTERNAL, "internal error").into_response()
+            }))
+            .layer(TraceLayer::new_for_http())
+    }
+
+    /// Serves on `listener` until `shutdown`; open event streams end then.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
+        let router = self.router();
+        let streams = self.shared.shutdown.clone();
+        let addr = listener.local_addr().ok();
+        tracing::info!(http_addr = ?addr, "rest gateway listening");
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                shutdown.cancelled().await;
+                streams.cancel();
+            })
+            .await
+    }
+}
+
+/// The descriptor pool of the contract.
+pub fn descriptor_pool() -> Result<DescriptorPool, Error> {
+    DescriptorPool::decode(taskmesh::FILE_DESCRIPTOR_SET)
+        .map_err(|e| Error::Descriptor(e.to_string()))
+}

@@ -1,0 +1,268 @@
+//! JSON Schemas (the OpenAPI 3.0 dialect) for messages, enums and fields,
+//! following the proto3 JSON mapping the gateway speaks: lowerCamel
+//! property names, 64-bit integers as strings, enums by name, Timestamp and
+//! Duration as strings. Messages and enums become `components.schemas`
+//! entries named by their full proto name, with comments as descriptions.
+
+use std::collections::{BTreeMap, HashMap};
+
+use prost_reflect::{DescriptorPool, EnumDescriptor, FieldDescriptor, Kind, MessageDescriptor};
+use serde_json::{Map, Value, json};
+
+/// Leading comments of every described element, keyed by file and path.
+pub struct Comments {
+    by_path: HashMap<(String, Vec<i32>), String>,
+}
+
+impl Comments {
+    /// Collects the source comments of every file in `pool`.
+    pub fn new(pool: &DescriptorPool) -> Self {
+        let mut by_path = HashMap::new();
+        for file in pool.files() {
+            let proto = file.file_descriptor_proto();
+            let Some(info) = &proto.source_code_info else {
+                continue;
+            };
+            for location in &info.location {
+                if let Some(text) = location.leading_comments.as_deref() {
+                    let text = clean(text);
+                    if !text.is_empty() {
+                        by_path.insert((file.name().to_string(), location.path.clone()), text);
+                    }
+                }
+            }
+        }
+        Self { by_path }
+    }
+
+    /// The comment at `path` of `file`, if any.
+    pub fn get(&self, file: &str, path: &[i32]) -> Option<&str> {
+        self.by_path
+            .get(&(file.to_string(), path.to_vec()))
+            .map(String::as_str)
+    }
+
+    /// The comment of a field.
+    pub fn field(&self, field: &FieldDescriptor) -> Option<&str> {
+        self.get(field.parent_file().name(), field.path())
+    }
+}
+
+/// A comment's lines joined into paragraphs.
+fn clean(text: &str) -> String {
+    let mut paragraphs: Vec<String> = vec![String::new()];
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() {
+            if !paragraphs.last().is_some_and(String::is_empty) {
+                paragraphs.push(String::new());
+            }
+            continue;
+        }
+        let last = paragraphs.last_mut().expect("never empty");
+        if !last.is_empty() {
+            last.push(' ');
+        }
+        last.push_str(line);
+    }
+    paragraphs.retain(|p| !p.is_empty());
+    paragraphs.join("\n\n")
+}
+
+/// The component schemas referenced so far.
+pub struct Schemas<'a> {
+    comments: &'a Comments,
+    components: BTreeMap<String, Value>,
+}
+
+impl<'a> Schemas<'a> {
+    /// No components yet.
+    pub fn new(comments: &'a Comments) -> Self {
+        Self {
+            comments,
+            components: BTreeMap::new(),
+        }
+    }
+
+    /// Every component, by name.
+    pub fn into_components(self) -> BTreeMap<String, Value> {
+        self.components
+    }
+
+    /// Adds a hand-written component.
+    pub fn insert(&mut self, name: &str, schema: Value) {
+        self.components.insert(name.to_string(), schema);
+    }
+
+    /// A `$ref` to `message`'s component, adding it (and everything it
+    /// references) on first use.
+    pub fn message_ref(&mut self, message: &MessageDescriptor) -> Value {
+        let name = message.full_name().to_string();
+        if !self.components.contains_key(&name) {
+            // A placeholder first, so a recursive message refers to itself.
+            self.components.insert(name.clone(), Value::Null);
+            let schema = self.object(message, &[]);
+            self.components.insert(name.clone(), schema);
+        }
+        reference(&name)
+    }
+
+    /// `message` as an inline object schema without the fields in `skip`.
+    pub fn object(&mut self, message: &MessageDescriptor, skip: &[FieldDescriptor]) -> Value {
+        let mut properties = Map::new();
+        for field in message.fields() {
+            if skip.contains(&field) {
+                continue;
+            }
+            properties.insert(field.json_name().to_string(), self.field(&field));
+        }
+        let mut schema = json!({
+            "type": "object",
+            "properties": properties,
+            "additionalProperties": false,
+        });
+        if let Some(text) = self
+            .comments
+            .get(message.parent_file().name(), message.path())
+        {
+            schema["description"] = text.into();
+        }
+        schema
+    }
+
+    /// A field's schema with its comment as description.
+    pub fn field(&mut self, field: &FieldDescriptor) -> Value {
+        let schema = if field.is_map() {
+            let value_kind = match field.kind() {
+                Kind::Message(entry) => entry.map_entry_value_field().kind(),
+                other => other,
+            };
+            json!({"type": "object", "additionalProperties": self.kind(&value_kind)})
+        } else if field.is_list() {
+            json!({"type": "array", "items": self.kind(&field.kind())})
+        } else {
+            self.kind(&field.kind())
+        };
+        describe(schema, self.comments.field(field))
+    }
+
+    /// The schema of one value of `kind`.
+    pub fn kind(&mut self, kind: &Kind) -> Value {
+        match kind {
+            Kind::Double => json!({"type": "number", "format": "double"}),
+            Kind::Float => json!({"type": "number", "format": "float"}),
+            Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => {
+                json!({"type": "integer", "format": "int32"})
+            }
+            Kind::Uint32 | Kind::Fixed32 => {
+                json!({"type": "integer", "format": "int64", "minimum": 0, "maximum": u32::MAX})
+            }
+            Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => {
+                json!({"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$"})
+            }
+            Kind::Uint64 | Kind::Fixed64 => {
+                json!({"type": "string", "format": "uint64", "pattern": "^[0-9]{1,20}$"})
+            }
+            Kind::Bool => json!({"type": "boolean"}),
+            Kind::String => json!({"type": "string"}),
+            Kind::Bytes => json!({"type": "string", "format": "byte"}),
+            Kind::Enum(e) => self.enum_ref(e),
+            Kind::Message(m) => match well_known(m.full_name()) {
+                Some(schema) => schema,
+                None => self.message_ref(m),
+            },
+        }
+    }
+
+    fn enum_ref(&mut self, e: &EnumDescriptor) -> Value {
+        let name = e.full_name().to_string();
+        if !self.components.contains_key(&name) {
+            let names: Vec<String> = e.values().map(|v| v.name().to_string()).collect();
+            let mut text = self
+                .comments
+                .get(e.parent_file().name(), e.path())
+                .unwrap_or_default()
+                .to_string();
+            for value in e.values() {
+                if let Some(c) = self.comments.get(value.parent_file().name(), value.path()) {
+                    text.push_str(&format!("\n\n- `{}`: {c}", value.name()));
+                }
+            }
+            let schema = describe(
+                json!({"type": "string", "enum": names}),
+                Some(text.trim()).filter(|t| !t.is_empty()),
+            );
+            self.components.insert(name.clone(), schema);
+        }
+        reference(&name)
+    }
+}
+
+/// Schemas of the well-known types whose JSON form is not an object.
+fn well_known(full_name: &str) -> Option<Value> {
+    Some(match full_name {
+        "google.protobuf.Timestamp" => json!({"type": "string", "format": "date-time"}),
+        "google.protobuf.Duration" => json!({
+            "type": "string",
+            "pattern": "^-?[0-9]{1,12}(\\.[0-9]{1,9})?s$",
+            "description": "A duration in seconds with up to nine fractional digits, ending in \"s\", e.g. \"1.5s\"."
+        }),
+        "google.protobuf.FieldMask" | "google.protobuf.StringValue" => json!({"type": "string"}),
+        "google.protobuf.BytesValue" => json!({"type": "string", "format": "byte"}),
+        "google.protobuf.BoolValue" => json!({"type": "boolean"}),
+        "google.protobuf.Int32Value" => json!({"type": "integer", "format": "int32"}),
+        "google.protobuf.UInt32Value" => {
+            json!({"type": "integer", "format": "int64", "minimum": 0})
+        }
+        "google.protobuf.Int64Value" | "google.protobuf.UInt64Value" => {
+            json!({"type": "string", "format": "int64"})
+        }
+        "google.protobuf.FloatValue" | "google.protobuf.DoubleValue" => json!({"type": "number"}),
+        "google.protobuf.Empty" => json!({"type": "object", "additionalProperties": false}),
+        "google.protobuf.Struct" | "google.protobuf.Any" => json!({"type": "object"}),
+        "google.protobuf.ListValue" => json!({"type": "array", "items": {}}),
+        "google.protobuf.Value" => json!({}),
+        _ => return None,
+    })
+}
+
+fn reference(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+/// `schema` with `text` as its description. OpenAPI 3.0 ignores siblings of
+/// `$ref`, so a described reference is wrapped in `allOf`.
+pub fn describe(schema: Value, text: Option<&str>) -> Value {
+    let Some(text) = text else { return schema };
+    if schema.get("$ref").is_some() {
+        return json!({"allOf": [schema], "description": text});
+    }
+    let mut schema = schema;
+    if let Some(obj) = schema.as_object_mut() {
+        obj.insert("description".into(), text.into());
+    }
+    schema
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comments_become_paragraphs() {
+        assert_eq!(clean(" a\n b\n\n c \n"), "a b\n\nc");
+        assert_eq!(clean("\n\n"), "");
+    }
+
+    #[test]
+    fn described_refs_are_wrapped() {
+        let r = reference("x.Y");
+        assert_eq!(
+            describe(r.clone(), Some("d")),
+            json!({"allOf": [r], "description": "d"})
+        );
+        assert_eq!(
+            describe(json!({"type": "string"}), Some("d")),
+            json!({"type": "string", "description": "d"})
+        );
+    }
+}
