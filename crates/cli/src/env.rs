@@ -44,3 +44,11 @@ pub const TRIGGER_ENGINE: &str = "TASKMESH_TRIGGER_ENGINE";
 pub const POLL_INTERVAL: &str = "TASKMESH_POLL_INTERVAL";
 /// A schedule fire time further behind than this counts as missed (`serve`).
 pub const MISFIRE_THRESHOLD: &str = "TASKMESH_MISFIRE_THRESHOLD";
+/// Redis URL for cluster coordination (`serve`); unset means a single node.
+pub const REDIS_URL: &str = "TASKMESH_REDIS_URL";
+/// Prefix of every Redis key (`serve`).
+pub const REDIS_PREFIX: &str = "TASKMESH_REDIS_PREFIX";
+/// Leader lease TTL (`serve`, cluster mode), e.g. "10s".
+pub const LEASE_TTL: &str = "TASKMESH_LEASE_TTL";
+/// Leader lease renew interval (`serve`, cluster mode), e.g. "3s".
+pub const LEASE_RENEW: &str = "TASKMESH_LEASE_RENEW";

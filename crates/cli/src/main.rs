@@ -106,6 +106,20 @@ struct ServeArgs {
     /// Tries per callback (the first included) before it is given up.
     #[arg(long, env = env::CALLBACK_MAX_ATTEMPTS, default_value_t = 15)]
     callback_max_attempts: u32,
+    /// Redis URL for cluster coordination (leader lease with fencing token,
+    /// worker registry across replicas), e.g. redis://127.0.0.1:6379; unset
+    /// coordinates in process (one node).
+    #[arg(long, env = env::REDIS_URL)]
+    redis_url: Option<String>,
+    /// Prefix of every Redis key (several clusters may share a server).
+    #[arg(long, env = env::REDIS_PREFIX, default_value = "taskmesh:")]
+    redis_prefix: String,
+    /// Leader lease TTL (cluster mode).
+    #[arg(long, env = env::LEASE_TTL, default_value = "10s", value_parser = humantime::parse_duration)]
+    lease_ttl: Duration,
+    /// How often the leader renews its lease (cluster mode).
+    #[arg(long, env = env::LEASE_RENEW, default_value = "3s", value_parser = humantime::parse_duration)]
+    lease_renew: Duration,
     /// Also run an in-process worker with the built-in handlers.
     #[arg(long)]
     with_worker: bool,
@@ -200,6 +214,14 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
     opts.max_body_bytes = args.max_body_bytes;
     opts.callbacks.secret = args.callback_secret;
     opts.callbacks.policy.max_attempts = args.callback_max_attempts;
+    if let Some(url) = args.redis_url {
+        let mut r = taskmesh_coord::RedisOptions::new(url, "this-node");
+        r.key_prefix = args.redis_prefix;
+        r.lease_ttl = args.lease_ttl;
+        r.renew_interval = args.lease_renew;
+        r.validate()?;
+        opts.redis = Some(r);
+    }
     if dev || args.with_worker {
         opts.with_worker = Some(args.worker_concurrency);
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use taskmesh_callbacks::{CallbackOptions, Deliverer};
-use taskmesh_coord::{Coordinator, LocalCoordinator};
+use taskmesh_coord::{Coordinator, LocalCoordinator, RedisCoordinator, RedisOptions, TokenFloor};
 use taskmesh_core::breaker::{BreakerOptions, Breakers};
 use taskmesh_core::{Clock, SystemClock};
 use taskmesh_dispatcher::{DispatchStats, Dispatcher, DispatcherOptions};
@@ -41,6 +41,9 @@ pub struct NodeOptions {
     /// Start an in-process worker with the built-in handlers and this many
     /// slots (`taskmesh dev`).
     pub with_worker: Option<u32>,
+    /// Redis for coordination across replicas (leader lease, worker
+    /// registry); `None` coordinates in process (a single node).
+    pub redis: Option<RedisOptions>,
 }
 
 impl NodeOptions {
@@ -55,6 +58,7 @@ impl NodeOptions {
             callbacks: CallbackOptions::default(),
             max_body_bytes: 4 * 1024 * 1024,
             with_worker: None,
+            redis: None,
         }
     }
 
@@ -107,6 +111,57 @@ impl Default for NodeOptions {
     }
 }
 
+/// Reads the store's newest fencing token for the Redis coordinator, so a
+/// fresh (or restarted) Redis never hands out a token the store would refuse.
+struct StoreFloor(Arc<dyn Store>);
+
+#[async_trait::async_trait]
+impl TokenFloor for StoreFloor {
+    async fn token_floor(&self) -> Result<u64, String> {
+        self.0.fence_token().await.map_err(|e| e.to_string())
+    }
+}
+
+/// The coordinator the options ask for.
+async fn coordinator(
+    opts: &NodeOptions,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+) -> anyhow::Result<Arc<dyn Coordinator>> {
+    let node_id = format!(
+        "{}-{}",
+        hostname(),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    if let Some(redis) = &opts.redis {
+        let mut redis = redis.clone();
+        redis.node_id = node_id;
+        let coord = RedisCoordinator::connect(redis.clone())
+            .await
+            .with_context(|| format!("connecting to Redis at {}", redis.url))?;
+        coord.set_token_floor_source(Arc::new(StoreFloor(store)));
+        return Ok(Arc::new(coord));
+    }
+    let local = LocalCoordinator::with_clock(node_id, clock);
+    // Tokens must keep rising across restarts: the store refuses leader
+    // writes with a token older than the newest it has seen.
+    local.set_token_floor(
+        store
+            .fence_token()
+            .await
+            .context("reading the fencing token")?,
+    );
+    Ok(Arc::new(local))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node".into())
+}
+
 /// A running node.
 pub struct RunningNode {
     /// Where gRPC is served.
@@ -157,17 +212,7 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
             .await
             .with_context(|| format!("opening the SQLite store at {}", db.display()))?,
     );
-    let node_id = format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let local = LocalCoordinator::with_clock(node_id, clock.clone());
-    // Tokens must keep rising across restarts: the store refuses leader
-    // writes with a token older than the newest it has seen.
-    local.set_token_floor(
-        store
-            .fence_token()
-            .await
-            .context("reading the fencing token")?,
-    );
-    let coord: Arc<dyn Coordinator> = Arc::new(local);
+    let coord = coordinator(&opts, store.clone(), clock.clone()).await?;
 
     let (reaped_tx, reaped_rx) = tokio::sync::mpsc::channel(1024);
     let breakers = Breakers::new(BreakerOptions::default());
