@@ -288,6 +288,15 @@ impl Registry {
         }
     }
 
+    /// How many of this node's streams belong to `worker_id`.
+    pub fn streams_of(&self, worker_id: &str) -> usize {
+        self.lock()
+            .sessions
+            .values()
+            .filter(|s| s.reg.worker_id == worker_id)
+            .count()
+    }
+
     /// Whether a stream announced a drain.
     pub fn is_draining(&self, session_id: &str) -> bool {
         self.lock()

@@ -109,6 +109,15 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         // The channel is empty and sized above 1: this cannot fail.
         let _ = tx.try_send(Ok(registered));
         info!(worker_id = %reg.worker_id, session_id = %session_id, handlers = ?reg.handlers, capacity, "worker registered");
+        if self.shared.registry.streams_of(&reg.worker_id) == 1 {
+            // A worker that reconnects (after its replica died, say) gets a
+            // new session: attempts pushed to its earlier streams can never
+            // be reported (their results are refused as stale), so take them
+            // back now rather than at their execution deadline.
+            let shared = self.shared.clone();
+            let worker_id = reg.worker_id.clone();
+            tokio::spawn(async move { release_earlier_attempts(&shared, &worker_id).await });
+        }
         self.shared.wake.notify_one();
 
         let shared = self.shared.clone();
@@ -340,6 +349,52 @@ async fn on_complete(shared: &Shared, session_id: &str, tx: &StreamTx, done: pb:
         Err(err) => {
             info!(task_id = %done.task_id, execution_id = %done.execution_id, error = %err, "result refused");
             receipt(tx, &done.task_id, &done.execution_id, Err(err.to_string()));
+        }
+    }
+}
+
+/// Takes back the in-flight attempts of `worker_id` that no stream of this
+/// worker holds (they were pushed to a session that is gone).
+async fn release_earlier_attempts(shared: &Shared, worker_id: &str) {
+    let tasks = match shared.store.in_flight(Some(worker_id)).await {
+        Ok(t) => t,
+        Err(err) => {
+            warn!(worker_id, error = %err, "cannot read the earlier attempts of a reconnected worker");
+            return;
+        }
+    };
+    let events: Vec<(String, Event)> = tasks
+        .into_iter()
+        .filter_map(|t| {
+            let exec = t.execution_id?;
+            (shared.registry.sender_of(&exec).is_none()).then(|| {
+                (
+                    t.id,
+                    Event::Release {
+                        execution_id: exec,
+                        reason: ReleaseReason::WorkerLost,
+                        message: "the worker reconnected; its earlier stream is gone".into(),
+                    },
+                )
+            })
+        })
+        .collect();
+    if events.is_empty() {
+        return;
+    }
+    let now = shared.clock.now_millis();
+    match shared.store.transition_many(&events, now, None).await {
+        Ok(results) => {
+            let n = results.iter().filter(|r| r.is_ok()).count();
+            info!(
+                worker_id,
+                released = n,
+                "attempts of a reconnected worker's earlier stream taken back"
+            );
+            shared.wake.notify_one();
+        }
+        Err(err) => {
+            warn!(worker_id, error = %err, "cannot take back a reconnected worker's earlier attempts")
         }
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod engine;
 mod fire;
+mod orphans;
 mod round;
 
 use std::sync::Arc;
@@ -83,6 +84,10 @@ pub enum Reaped {
     },
 }
 
+/// How often the leader looks for attempts whose worker is gone from the
+/// cluster-wide registry.
+const ORPHAN_SWEEP_EVERY_MS: i64 = 5_000;
+
 /// A cheap handle to a running scheduler.
 #[derive(Debug, Clone, Default)]
 pub struct SchedulerHandle {
@@ -108,6 +113,8 @@ pub struct Scheduler {
     /// Set while fixed-delay schedules wait for runs to end, so a terminal
     /// task change wakes a round.
     awaiting_runs: AtomicBool,
+    /// When the last orphan sweep ran (local millis).
+    last_sweep: std::sync::atomic::AtomicI64,
 }
 
 impl Scheduler {
@@ -129,6 +136,7 @@ impl Scheduler {
             reaped,
             handle: SchedulerHandle::default(),
             awaiting_runs: AtomicBool::new(true),
+            last_sweep: std::sync::atomic::AtomicI64::new(0),
         }
     }
 
@@ -221,6 +229,10 @@ impl Scheduler {
         // newer leader has written meanwhile, the store refuses it.
         let tasks = self.tasks_round(now, lease.token).await?;
         let schedules = self.schedules_round(now, lease.token).await?;
+        if now - self.last_sweep.load(Ordering::Relaxed) >= ORPHAN_SWEEP_EVERY_MS {
+            self.last_sweep.store(now, Ordering::Relaxed);
+            self.sweep_orphans(now, lease.token).await?;
+        }
         Ok(tasks >= self.opts.batch || schedules >= self.opts.batch)
     }
 }

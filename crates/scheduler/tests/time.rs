@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use taskmesh_coord::LocalCoordinator;
+use taskmesh_coord::{Coordinator, LocalCoordinator, WorkerEntry};
 use taskmesh_core::breaker::{BreakerOptions, Breakers};
 use taskmesh_core::schedule::{
     FireOutcome, MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleRecord, TaskTemplate,
@@ -22,6 +22,22 @@ const T0: UnixMillis = 1_767_225_600_000;
 const SEC: i64 = 1_000;
 const MIN: i64 = 60 * SEC;
 
+fn worker_entry(worker_id: &str) -> WorkerEntry {
+    WorkerEntry {
+        session_id: format!("session-{worker_id}"),
+        worker_id: worker_id.into(),
+        name: worker_id.into(),
+        node_id: "n1".into(),
+        handlers: vec!["echo".into(), "slow".into()],
+        capacity: 8,
+        labels: Default::default(),
+        weight: 1,
+        load: Default::default(),
+        last_seen: T0,
+        draining: false,
+    }
+}
+
 struct Fixture {
     _dir: tempfile::TempDir,
     store: Arc<dyn Store>,
@@ -36,6 +52,9 @@ async fn fixture() -> Fixture {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in(dir.path()).await.unwrap());
     let clock = FakeClock::new(T0);
     let coord = Arc::new(LocalCoordinator::with_clock("n1", Arc::new(clock.clone())));
+    // The worker "w" that runs these tests' attempts is registered, as a
+    // connected worker would be (the leader's orphan sweep checks).
+    coord.put_worker(worker_entry("w")).await.unwrap();
     let (tx, reaped) = mpsc::channel(64);
     let breakers = Breakers::new(BreakerOptions {
         window: 10,
@@ -538,4 +557,36 @@ async fn an_open_breaker_holds_retries_and_a_trial_success_releases_them() {
     for id in &ids {
         assert_eq!(f.task(id).await.state, TaskState::Ready);
     }
+}
+
+#[tokio::test]
+async fn the_leader_takes_back_attempts_of_a_worker_gone_from_the_registry() {
+    let f = fixture().await;
+    let t = submit(&f, 600 * SEC).await;
+    // Pushed to "ghost", a worker no replica holds a stream of.
+    let exec = id::new_execution_id();
+    f.step(
+        &t.id,
+        Event::Dispatch {
+            execution_id: exec.clone(),
+            worker_id: "ghost".into(),
+            ack_deadline: T0 + 600 * SEC,
+        },
+    )
+    .await
+    .unwrap();
+    f.step(&t.id, Event::Ack { execution_id: exec })
+        .await
+        .unwrap();
+    // A moment after the push it is left alone (the registry may lag).
+    f.round_at(T0 + SEC).await;
+    assert_eq!(f.task(&t.id).await.state, TaskState::Running);
+    // Later, long before its execution deadline, it is taken back.
+    f.round_at(T0 + 10 * SEC).await;
+    let back = f.task(&t.id).await;
+    assert_eq!(back.state, TaskState::Ready);
+    assert_eq!(
+        back.attempts[0].outcome,
+        Some(taskmesh_core::AttemptOutcome::WorkerLost)
+    );
 }
