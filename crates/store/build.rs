@@ -1,7 +1,8 @@
 //! Rebuilds this crate when a migration changes: `sqlx::migrate!` embeds the
-//! files of `migrations/sqlite` at compile time, and stable Rust does not
-//! track them on its own.
+//! files of `migrations/sqlite` and `migrations/postgres` at compile time,
+//! and stable Rust does not track them on its own.
 
 fn main() {
     println!("cargo:rerun-if-changed=../../migrations/sqlite");
+    println!("cargo:rerun-if-changed=../../migrations/postgres");
 }

@@ -4,8 +4,8 @@
 //! store obtained from a [`StoreFixture`];
 //! [`store_conformance_suite!`](crate::store_conformance_suite) expands to
 //! one `#[tokio::test]` per scenario. The SQLite backend runs it in
-//! `tests/sqlite_conformance.rs`; the Postgres backend will run the very same
-//! scenarios by providing its own fixture.
+//! `tests/sqlite_conformance.rs`, the Postgres backend in
+//! `tests/postgres_conformance.rs` (each test in a schema of its own).
 //!
 //! This module is compiled always rather than behind a cargo feature: it
 //! adds no dependency (only tokio and core, which the crate uses anyway),
@@ -63,6 +63,7 @@ macro_rules! store_conformance_suite {
             in_flight_by_worker,
             ready_counts_by_handler,
             transition_many_mixed,
+            transition_many_isolates_a_refused_write,
             subscribe_sees_changes,
             survives_reopen,
             schedule_crud_with_cas,
@@ -74,6 +75,7 @@ macro_rules! store_conformance_suite {
             callback_queued_with_terminal_transition,
             callback_claims_lease_and_outcomes,
             callbacks_survive_reopen,
+            store_clock_corrects_a_skewed_host,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -210,18 +212,23 @@ fn all_filter(limit: u32) -> TaskFilter {
 mod batch_watch;
 mod callbacks;
 mod claims;
+mod clock;
 mod create_list;
 mod fence;
 mod lifecycle;
 mod schedules;
 mod scheduling;
 
-pub use batch_watch::{subscribe_sees_changes, survives_reopen, transition_many_mixed};
+pub use batch_watch::{
+    subscribe_sees_changes, survives_reopen, transition_many_isolates_a_refused_write,
+    transition_many_mixed,
+};
 pub use callbacks::{
     callback_claims_lease_and_outcomes, callback_queued_with_terminal_transition,
     callbacks_survive_reopen,
 };
 pub use claims::{claim_order_limit_and_chooser, concurrent_claimers_never_double_claim};
+pub use clock::store_clock_corrects_a_skewed_host;
 pub use create_list::{concurrent_idempotent_creates, idempotent_create, list_filters_and_paging};
 pub use fence::fenced_writes_from_an_old_leader_are_refused;
 pub use lifecycle::{

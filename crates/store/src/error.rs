@@ -1,4 +1,5 @@
-//! The store's one error type, and the one place sqlx errors are converted.
+//! The store's one error type, and the one place sqlx errors are converted,
+//! keyed by SQLite result codes and Postgres SQLSTATEs.
 
 use taskmesh_core::{ErrorCode, TransitionError};
 
@@ -18,9 +19,14 @@ pub enum Error {
     /// store has seen: the writer was deposed.
     #[error("fenced: {0}")]
     Fenced(String),
-    /// Lost the compare-and-set too many times in a row.
-    #[error("task {0} changed concurrently; try again")]
+    /// Lost the compare-and-set too many times in a row, or the database
+    /// aborted the transaction for a concurrent one (deadlock, serialization
+    /// failure). Nothing was written; the caller may retry.
+    #[error("{0} changed concurrently; try again")]
     Conflict(String),
+    /// Bad options or input, refused before anything was written.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
     /// The database cannot be reached or is shutting down.
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -39,30 +45,71 @@ impl Error {
             Error::Conflict(_) => ErrorCode::Aborted,
             Error::Fenced(_) => ErrorCode::FailedPrecondition,
             Error::Unavailable(_) => ErrorCode::Unavailable,
+            Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Error::Internal(_) => ErrorCode::Internal,
         }
     }
 }
 
+/// How a sqlx error is reported; see [`kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Unavailable,
+    Conflict,
+    AlreadyExists,
+    InvalidArgument,
+    Internal,
+}
+
+/// Classifies a sqlx error by its variant and, for database errors, by the
+/// SQLite result code or Postgres SQLSTATE.
+pub(crate) fn kind(err: &sqlx::Error) -> Kind {
+    match err {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => Kind::Unavailable,
+        sqlx::Error::Configuration(_) => Kind::InvalidArgument,
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // SQLite: SQLITE_BUSY (5), SQLITE_LOCKED (6), SQLITE_FULL (13),
+            // SQLITE_CANTOPEN (14) and their extended codes.
+            Some("5" | "6" | "13" | "14" | "517" | "261" | "262") => Kind::Unavailable,
+            // Postgres: class 08 (connection exception), 57P01..03 (admin
+            // shutdown, crash shutdown, cannot connect now), class 53
+            // (insufficient resources: disk full, too many connections).
+            Some(code)
+                if code.starts_with("08") || code.starts_with("57P") || code.starts_with("53") =>
+            {
+                Kind::Unavailable
+            }
+            // Postgres: serialization failure, deadlock detected. The whole
+            // transaction was rolled back; trying again may succeed.
+            Some("40001" | "40P01") => Kind::Conflict,
+            _ if is_unique_violation(err) => Kind::AlreadyExists,
+            _ => Kind::Internal,
+        },
+        _ => Kind::Internal,
+    }
+}
+
 impl From<sqlx::Error> for Error {
     fn from(err: sqlx::Error) -> Self {
-        match &err {
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-                Error::Unavailable(err.to_string())
+        match kind(&err) {
+            Kind::Unavailable => Error::Unavailable(err.to_string()),
+            Kind::Conflict => {
+                let (code, message) = match &err {
+                    sqlx::Error::Database(db) => (
+                        db.code().map(|c| c.to_string()).unwrap_or_default(),
+                        db.message().to_string(),
+                    ),
+                    _ => (String::new(), err.to_string()),
+                };
+                Error::Conflict(format!("the data (SQLSTATE {code}: {message})"))
             }
-            sqlx::Error::Database(db) => match db.code().as_deref() {
-                // SQLite: SQLITE_BUSY (5), SQLITE_LOCKED (6), SQLITE_FULL (13),
-                // SQLITE_CANTOPEN (14). Postgres: class 08 (connection
-                // exception), 57P01..03 (admin shutdown, crash, cannot connect).
-                Some("5" | "6" | "13" | "14" | "517" | "261" | "262") => {
-                    Error::Unavailable(err.to_string())
-                }
-                Some(code) if code.starts_with("08") || code.starts_with("57P") => {
-                    Error::Unavailable(err.to_string())
-                }
-                _ => Error::Internal(err.to_string()),
-            },
-            _ => Error::Internal(err.to_string()),
+            Kind::AlreadyExists => Error::AlreadyExists(err.to_string()),
+            Kind::InvalidArgument => Error::InvalidArgument(err.to_string()),
+            Kind::Internal => Error::Internal(err.to_string()),
         }
     }
 }
@@ -86,5 +133,26 @@ pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
                 || matches!(db.code().as_deref(), Some("2067" | "1555" | "23505"))
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_map_to_one_vocabulary() {
+        assert_eq!(kind(&sqlx::Error::PoolTimedOut), Kind::Unavailable);
+        assert_eq!(
+            kind(&sqlx::Error::Configuration("bad url".into())),
+            Kind::InvalidArgument
+        );
+        assert_eq!(kind(&sqlx::Error::RowNotFound), Kind::Internal);
+        let unavailable = Error::from(sqlx::Error::PoolClosed);
+        assert_eq!(unavailable.code(), ErrorCode::Unavailable);
+        assert_eq!(
+            Error::InvalidArgument("x".into()).code(),
+            ErrorCode::InvalidArgument
+        );
     }
 }

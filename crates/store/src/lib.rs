@@ -1,23 +1,33 @@
-//! Durable state of taskmesh: the [`Store`] trait and its SQL backends.
+//! Durable state of taskmesh: the [`Store`] trait and its SQL backends,
+//! SQLite (one node) and Postgres (a cluster of replicas).
 //!
 //! Architecture invariant: every change of a task is computed by
 //! `taskmesh_core::apply` and written as one conditional statement keyed on
 //! the task's id and version (compare-and-set), together with its attempts
 //! row in the same transaction. A write computed from a stale read changes
 //! nothing. This crate knows nothing of gRPC or HTTP.
+//!
+//! Time: due-ness is judged by the store's clock ([`Store::db_now`]);
+//! [`StoreClock`] follows it from a replica whose host clock may be off.
 
+pub mod clock;
 pub mod conformance;
+mod decode;
 mod error;
+pub mod postgres;
 pub mod sqlite;
 
 use async_trait::async_trait;
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
 use taskmesh_core::{
-    CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, TaskState, UnixMillis,
+    CallbackJob, CallbackOutcome, Clock, Event, NewTask, SystemClock, TaskRecord, TaskState,
+    UnixMillis,
 };
 use tokio::sync::broadcast;
 
+pub use clock::StoreClock;
 pub use error::Error;
+pub use postgres::{PostgresOptions, PostgresStore};
 pub use sqlite::{SqliteOptions, SqliteStore};
 
 /// Result of store operations.
@@ -83,6 +93,34 @@ pub struct TaskChange {
     pub next_at: Option<UnixMillis>,
 }
 
+impl TaskChange {
+    /// The change that writing `task` makes.
+    pub fn of(task: &TaskRecord) -> Self {
+        Self {
+            task_id: task.id.clone(),
+            state: task.state,
+            version: task.version,
+            next_at: task.next_at,
+        }
+    }
+
+    /// The marker a store sends when its subscribers may have missed
+    /// changes (see [`Store::subscribe`]): it names no task.
+    pub fn resync() -> Self {
+        Self {
+            task_id: String::new(),
+            state: TaskState::Pending,
+            version: 0,
+            next_at: None,
+        }
+    }
+
+    /// True for [`TaskChange::resync`]: re-read instead of following it.
+    pub fn is_resync(&self) -> bool {
+        self.task_id.is_empty()
+    }
+}
+
 /// A committed change of a schedule, published after the commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduleChange {
@@ -90,6 +128,34 @@ pub struct ScheduleChange {
     pub schedule_id: String,
     /// Its next fire time while it is active (not paused, not deleted).
     pub next_fire_at: Option<UnixMillis>,
+}
+
+impl ScheduleChange {
+    /// The change that writing `schedule` makes.
+    pub fn of(schedule: &ScheduleRecord) -> Self {
+        Self {
+            schedule_id: schedule.id.clone(),
+            next_fire_at: if schedule.paused {
+                None
+            } else {
+                schedule.next_fire_at
+            },
+        }
+    }
+
+    /// The marker a store sends when its subscribers may have missed
+    /// changes: it names no schedule.
+    pub fn resync() -> Self {
+        Self {
+            schedule_id: String::new(),
+            next_fire_at: None,
+        }
+    }
+
+    /// True for [`ScheduleChange::resync`].
+    pub fn is_resync(&self) -> bool {
+        self.schedule_id.is_empty()
+    }
 }
 
 /// Everything one handling of a due schedule writes, in one transaction.
@@ -115,6 +181,26 @@ pub struct FireCommitted {
     pub tasks: Vec<TaskRecord>,
     /// The cancelled previous run as it was before the cancel, if any.
     pub cancelled: Option<TaskRecord>,
+}
+
+/// The answer to a create whose `client_request_id` is already stored with
+/// fingerprint `stored_fp`.
+pub(crate) fn existing_or_taken(
+    stored: TaskRecord,
+    stored_fp: &str,
+    fingerprint: &str,
+) -> Result<Created> {
+    if stored_fp == fingerprint {
+        return Ok(Created {
+            task: stored,
+            existing: true,
+        });
+    }
+    Err(Error::AlreadyExists(format!(
+        "client_request_id {} is already used by task {} with a different request",
+        stored.client_request_id.as_deref().unwrap_or_default(),
+        stored.id
+    )))
 }
 
 /// How many READY candidates a claim for `limit` tasks looks at.
@@ -193,8 +279,15 @@ pub trait Store: Send + Sync + 'static {
     /// Handlers that have READY tasks, with how many.
     async fn ready_counts(&self) -> Result<Vec<(String, u64)>>;
 
-    /// Committed changes, for watchers and the dispatcher's wake-ups. A slow
-    /// receiver may miss changes (`Lagged`) and must re-read.
+    /// Committed changes, for watchers and the dispatcher's wake-ups,
+    /// including those other processes sharing the database commit (where
+    /// the backend can tell: Postgres relays them by LISTEN/NOTIFY). A slow
+    /// receiver may miss changes (`Lagged`) and must re-read. A store that
+    /// may have missed changes itself (Postgres, after its notification
+    /// connection was lost and re-established) says so the same way: it
+    /// sends a burst of [`TaskChange::resync`] markers one longer than the
+    /// channel, so receivers get `Lagged`, or, if they kept up with the
+    /// burst, read markers that name no task; either means re-read.
     fn subscribe(&self) -> broadcast::Receiver<TaskChange>;
 
     /// Claims up to `limit` PENDING callbacks due by `now`, earliest first,
@@ -225,6 +318,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// Checks the store answers.
     async fn ping(&self) -> Result<()>;
+
+    /// The store's own clock: the instant against which due-ness is judged
+    /// when several processes share the store. The default is the process
+    /// clock (SQLite: one node, the process is the database); Postgres asks
+    /// the server. [`StoreClock`] follows this clock without asking it for
+    /// every reading.
+    async fn db_now(&self) -> Result<UnixMillis> {
+        Ok(SystemClock.now_millis())
+    }
 
     /// Creates a schedule ([`Error::AlreadyExists`] for a taken id).
     async fn create_schedule(&self, schedule: &ScheduleRecord) -> Result<()>;
@@ -295,6 +397,7 @@ pub trait Store: Send + Sync + 'static {
     /// The most recent fires of a schedule, newest first.
     async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>>;
 
-    /// Committed schedule changes (for the timing-wheel trigger engine).
+    /// Committed schedule changes (for the timing-wheel trigger engine), as
+    /// [`Store::subscribe`], [`ScheduleChange::resync`] included.
     fn subscribe_schedules(&self) -> broadcast::Receiver<ScheduleChange>;
 }

@@ -70,6 +70,41 @@ pub async fn transition_many_mixed(fixture: &dyn StoreFixture) {
     assert!(empty.is_empty());
 }
 
+/// An event the state machine accepts but the database refuses (its
+/// attempts row reuses an execution id) fails alone and leaves nothing
+/// behind; the rest of the batch is written.
+pub async fn transition_many_isolates_a_refused_write(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let a = create(store, new_task("batch"), T0).await;
+    let b = create(store, new_task("batch"), T0).await;
+    let c = create(store, new_task("batch"), T0).await;
+    step(store, &c, dispatch("exec-taken", "w-1", T0 + 5_000), T0 + 1).await;
+
+    let events = vec![
+        (b.id.clone(), dispatch("exec-b", "w-1", T0 + 5_000)),
+        (a.id.clone(), dispatch("exec-taken", "w-2", T0 + 5_000)),
+        (b.id.clone(), ack("exec-b")),
+    ];
+    let results = store
+        .transition_many(&events, T0 + 2, None)
+        .await
+        .expect("transition_many");
+    assert_eq!(results.len(), 3);
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    assert!(results[1].is_err(), "a reused execution id must be refused");
+    assert!(results[2].is_ok(), "{:?}", results[2]);
+    assert_eq!(
+        get(store, &a.id).await,
+        a,
+        "the refused event wrote nothing"
+    );
+    let b_now = get(store, &b.id).await;
+    assert_eq!((b_now.state, b_now.version), (TaskState::Running, 3));
+    assert_eq!(b_now.attempts.len(), 1);
+    assert_eq!(get(store, &c.id).await.attempts.len(), 1);
+}
+
 /// A subscriber sees creates and transitions after they commit, and nothing
 /// for a refused event.
 pub async fn subscribe_sees_changes(fixture: &dyn StoreFixture) {

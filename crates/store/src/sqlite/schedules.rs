@@ -2,19 +2,15 @@
 //! transaction that handles a due schedule (schedule, fire records, the
 //! cancel of the previous run and the new tasks, all or nothing).
 
-use sqlx::Row;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
-use taskmesh_core::schedule::{
-    FireOutcome, FireRecord, MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleRecord,
-    TaskTemplate,
-};
+use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
 use taskmesh_core::{TaskRecord, UnixMillis};
 
 use super::SqliteStore;
 use super::store_impl::change_of;
 use super::tx;
 use crate::error::is_unique_violation;
-use crate::{Error, FireCommit, FireCommitted, Result, ScheduleChange};
+use crate::{Error, FireCommit, FireCommitted, Result, ScheduleChange, decode};
 
 /// The columns of `schedules`, in the order [`bind_body`] binds them (after `id`).
 macro_rules! columns {
@@ -25,53 +21,8 @@ macro_rules! columns {
     };
 }
 
-fn bad(id: &str, what: impl std::fmt::Display) -> Error {
-    Error::Internal(format!("schedule {id}: {what}"))
-}
-
 fn from_row(row: &SqliteRow) -> Result<ScheduleRecord> {
-    let id: String = row
-        .try_get("id")
-        .map_err(|e| Error::Internal(format!("schedule row without an id: {e}")))?;
-    let e = |err: sqlx::Error| bad(&id, err);
-    let text: String = row.try_get("kind").map_err(e)?;
-    let kind =
-        ScheduleKind::parse(&text).ok_or_else(|| bad(&id, format!("unknown kind {text}")))?;
-    let text: String = row.try_get("misfire_policy").map_err(e)?;
-    let misfire = MisfirePolicy::parse(&text)
-        .ok_or_else(|| bad(&id, format!("unknown misfire policy {text}")))?;
-    let text: String = row.try_get("overlap_policy").map_err(e)?;
-    let overlap = OverlapPolicy::parse(&text)
-        .ok_or_else(|| bad(&id, format!("unknown overlap policy {text}")))?;
-    let template: String = row.try_get("template").map_err(e)?;
-    let template: TaskTemplate =
-        serde_json::from_str(&template).map_err(|err| bad(&id, format!("bad template: {err}")))?;
-    let count = |col: &str| -> Result<u64> {
-        let v: i64 = row.try_get(col).map_err(|err| bad(&id, err))?;
-        u64::try_from(v).map_err(|_| bad(&id, format!("{col} = {v}")))
-    };
-    let max_catch_up: i64 = row.try_get("max_catch_up").map_err(e)?;
-    Ok(ScheduleRecord {
-        name: row.try_get("name").map_err(e)?,
-        kind,
-        cron_expression: row.try_get("cron_expression").map_err(e)?,
-        interval_ms: row.try_get("interval_ms").map_err(e)?,
-        time_zone: row.try_get("time_zone").map_err(e)?,
-        template,
-        misfire,
-        max_catch_up: u32::try_from(max_catch_up).map_err(|_| bad(&id, "max_catch_up"))?,
-        overlap,
-        paused: row.try_get::<i64, _>("paused").map_err(e)? != 0,
-        next_fire_at: row.try_get("next_fire_at").map_err(e)?,
-        last_fire_at: row.try_get("last_fire_at").map_err(e)?,
-        last_task_id: row.try_get("last_task_id").map_err(e)?,
-        fire_count: count("fire_count")?,
-        skipped_count: count("skipped_count")?,
-        created_at: row.try_get("created_at").map_err(e)?,
-        updated_at: row.try_get("updated_at").map_err(e)?,
-        version: row.try_get("version").map_err(e)?,
-        id,
-    })
+    decode::schedule(row)
 }
 
 /// Binds every column but `id`, in `columns!()` order.
@@ -79,8 +30,7 @@ fn bind_body<'q>(
     q: super::rows::SqliteQuery<'q>,
     s: &ScheduleRecord,
 ) -> Result<super::rows::SqliteQuery<'q>> {
-    let template = serde_json::to_string(&s.template)
-        .map_err(|err| bad(&s.id, format!("cannot encode template: {err}")))?;
+    let template = decode::template_json(s)?;
     let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     Ok(q.bind(s.name.clone())
         .bind(s.kind.as_str())
@@ -116,22 +66,11 @@ async fn write_cas(conn: &mut SqliteConnection, s: &ScheduleRecord, expected: i6
 }
 
 fn change(s: &ScheduleRecord) -> ScheduleChange {
-    ScheduleChange {
-        schedule_id: s.id.clone(),
-        next_fire_at: if s.paused { None } else { s.next_fire_at },
-    }
+    ScheduleChange::of(s)
 }
 
 fn fire_from_row(row: &SqliteRow) -> Result<FireRecord> {
-    let e = |err: sqlx::Error| Error::Internal(format!("bad schedule_fires row: {err}"));
-    let outcome: String = row.try_get("outcome").map_err(e)?;
-    Ok(FireRecord {
-        fire_at: row.try_get("fire_at").map_err(e)?,
-        handled_at: row.try_get("handled_at").map_err(e)?,
-        outcome: FireOutcome::parse(&outcome)
-            .ok_or_else(|| Error::Internal(format!("unknown fire outcome {outcome}")))?,
-        task_id: row.try_get("task_id").map_err(e)?,
-    })
+    decode::fire(row)
 }
 
 impl SqliteStore {

@@ -61,32 +61,12 @@ pub(super) const NEXT_CALLBACK_SQL: &str =
     "SELECT MIN(next_attempt_at) FROM callbacks WHERE state = 'PENDING'";
 
 pub(super) fn change_of(task: &TaskRecord) -> TaskChange {
-    TaskChange {
-        task_id: task.id.clone(),
-        state: task.state,
-        version: task.version,
-        next_at: task.next_at,
-    }
+    TaskChange::of(task)
 }
 
 /// A `usize` limit as an SQL `LIMIT` value.
 fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
-}
-
-/// The answer to a create whose `client_request_id` is already stored.
-fn existing_or_taken(stored: TaskRecord, stored_fp: &str, fingerprint: &str) -> Result<Created> {
-    if stored_fp == fingerprint {
-        return Ok(Created {
-            task: stored,
-            existing: true,
-        });
-    }
-    Err(Error::AlreadyExists(format!(
-        "client_request_id {} is already used by task {} with a different request",
-        stored.client_request_id.as_deref().unwrap_or_default(),
-        stored.id
-    )))
 }
 
 /// The listing query for `filter`: its conditions, newest first, and a
@@ -138,7 +118,7 @@ impl Store for SqliteStore {
         if let Some(crid) = &client_request_id
             && let Some((stored, stored_fp)) = tx::find_by_request_id(&mut tx, crid).await?
         {
-            return existing_or_taken(stored, &stored_fp, fingerprint);
+            return crate::existing_or_taken(stored, &stored_fp, fingerprint);
         }
         let record = task.into_record(now);
         match tx::insert_task(&mut tx, &record, fingerprint).await? {
@@ -152,7 +132,7 @@ impl Store for SqliteStore {
                     && let Some((stored, stored_fp)) =
                         tx::find_by_request_id(&mut conn, crid).await?
                 {
-                    return existing_or_taken(stored, &stored_fp, fingerprint);
+                    return crate::existing_or_taken(stored, &stored_fp, fingerprint);
                 }
                 return Err(Error::AlreadyExists(format!(
                     "task {} already exists",

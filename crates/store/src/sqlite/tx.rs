@@ -242,7 +242,7 @@ pub(super) async fn transition_one(
         }
         tracing::debug!(task_id = %id, version = task.version, "lost compare-and-set; re-reading");
     }
-    Err(Error::Conflict(id.to_string()))
+    Err(Error::Conflict(format!("task {id}")))
 }
 
 /// Raises the leader fence to `token` inside the caller's transaction, or

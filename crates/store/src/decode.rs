@@ -1,0 +1,297 @@
+//! Rows → domain records, shared by the SQL backends so SQLite and Postgres
+//! can never read a column differently.
+//!
+//! Each backend exposes its rows through [`Columns`] (one typed getter per
+//! column kind); the decoders here do the rest: enum parsing, JSON, range
+//! checks. Bad data in a row is an [`Error::Internal`] naming the record,
+//! never a panic.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+
+use taskmesh_core::schedule::{
+    FireOutcome, FireRecord, MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleRecord,
+    TaskTemplate,
+};
+use taskmesh_core::{
+    AttemptOutcome, AttemptRecord, CallbackDelivery, CallbackState, RetryPolicy, StateTimes,
+    Strategy, TaskRecord, TaskState,
+};
+
+use crate::{Error, Result};
+
+/// Typed access to the columns of one row, by name. `labels` and `template`
+/// are read as JSON text whatever the column type (Postgres selects them
+/// with `::text`).
+pub(crate) trait Columns {
+    fn text(&self, col: &str) -> Result<String, String>;
+    fn opt_text(&self, col: &str) -> Result<Option<String>, String>;
+    fn int(&self, col: &str) -> Result<i64, String>;
+    fn opt_int(&self, col: &str) -> Result<Option<i64>, String>;
+    fn int32(&self, col: &str) -> Result<i32, String>;
+    fn float(&self, col: &str) -> Result<f64, String>;
+    fn bytes(&self, col: &str) -> Result<Vec<u8>, String>;
+    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, String>;
+    /// A boolean: an INTEGER 0/1 on SQLite, a BOOLEAN on Postgres.
+    fn flag(&self, col: &str) -> Result<bool, String>;
+}
+
+/// Implements [`Columns`] for a sqlx row type; `$flag` reads a boolean.
+macro_rules! impl_columns {
+    ($row:ty, |$r:ident, $c:ident| $flag:expr) => {
+        impl $crate::decode::Columns for $row {
+            fn text(&self, col: &str) -> Result<String, String> {
+                sqlx::Row::try_get(self, col).map_err(|e| e.to_string())
+            }
+            fn opt_text(&self, col: &str) -> Result<Option<String>, String> {
+                sqlx::Row::try_get(self, col).map_err(|e| e.to_string())
+            }
+            fn int(&self, col: &str) -> Result<i64, String> {
+                sqlx::Row::try_get(self, col).map_err(|e| e.to_string())
+            }
+            fn opt_int(&self, col: &str) -> Result<Option<i64>, String> {
+                sqlx::Row::try_get(self, col).map_err(|e| e.to_string())
+            }
+            fn int32(&self, col: &str) -> Result<i32, String> {
+                sqlx::Row::try_get(self, col).map_err(|e| e.to_string())
+            }
+            fn float(&self, col: &str) -> Result<f64, String> {
+                sqlx::Row::try_get(self, col).map_err(|e| e.to_string())
+            }
+            fn bytes(&self, col: &str) -> Result<Vec<u8>, String> {
+                sqlx::Row::try_get(self, col).map_err(|e| e.to_string())
+            }
+            fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, String> {
+                sqlx::Row::try_get(self, col).map_err(|e| e.to_string())
+            }
+            fn flag(&self, col: &str) -> Result<bool, String> {
+                let ($r, $c) = (self, col);
+                $flag
+            }
+        }
+    };
+}
+
+impl_columns!(sqlx::sqlite::SqliteRow, |r, c| {
+    sqlx::Row::try_get::<i64, _>(r, c)
+        .map(|v| v != 0)
+        .map_err(|e| e.to_string())
+});
+impl_columns!(sqlx::postgres::PgRow, |r, c| sqlx::Row::try_get::<bool, _>(
+    r, c
+)
+.map_err(|e| e.to_string()));
+
+/// Reads a task (attempts left empty) from a row of the backend's task
+/// columns.
+pub(crate) fn task(row: &impl Columns) -> Result<TaskRecord> {
+    let id = row
+        .text("id")
+        .map_err(|e| Error::Internal(format!("task row without a readable id: {e}")))?;
+    decode_task(row, &id).map_err(|e| bad_task(&id, e))
+}
+
+/// The stored request fingerprint of a task row.
+pub(crate) fn fingerprint(row: &impl Columns) -> Result<String> {
+    row.text("request_fingerprint")
+        .map_err(|e| Error::Internal(format!("bad request_fingerprint: {e}")))
+}
+
+fn decode_task(row: &impl Columns, id: &str) -> Result<TaskRecord, String> {
+    let u32_col = |col: &str| -> Result<u32, String> {
+        let v = row.int(col)?;
+        u32::try_from(v).map_err(|_| format!("{col} = {v} is out of range"))
+    };
+    let state_text = row.text("state")?;
+    let state =
+        TaskState::parse(&state_text).ok_or_else(|| format!("unknown state {state_text:?}"))?;
+    let labels: BTreeMap<String, String> =
+        serde_json::from_str(&row.text("labels")?).map_err(|e| format!("bad labels JSON: {e}"))?;
+    Ok(TaskRecord {
+        id: id.to_string(),
+        handler: row.text("handler")?,
+        payload: row.bytes("payload")?,
+        content_type: row.text("content_type")?,
+        state,
+        priority: row.int32("priority")?,
+        labels,
+        routing_key: row.text("routing_key")?,
+        client_request_id: row.opt_text("client_request_id")?,
+        callback_url: row.text("callback_url")?,
+        retry: RetryPolicy {
+            max_attempts: u32_col("max_attempts")?,
+            initial_backoff_ms: row.int("initial_backoff_ms")?,
+            multiplier: row.float("backoff_multiplier")?,
+            max_backoff_ms: row.int("max_backoff_ms")?,
+        },
+        timeout_ms: row.int("timeout_ms")?,
+        run_at: row.int("run_at")?,
+        created_at: row.int("created_at")?,
+        updated_at: row.int("updated_at")?,
+        times: StateTimes {
+            pending: row.opt_int("pending_at")?,
+            ready: row.opt_int("ready_at")?,
+            dispatching: row.opt_int("dispatching_at")?,
+            running: row.opt_int("running_at")?,
+            retrying: row.opt_int("retrying_at")?,
+            end: row.opt_int("ended_at")?,
+        },
+        attempt: u32_col("attempt")?,
+        run_count: u32_col("run_count")?,
+        execution_id: row.opt_text("execution_id")?,
+        worker_id: row.opt_text("worker_id")?,
+        next_at: row.opt_int("next_at")?,
+        output: row.opt_bytes("output")?,
+        output_content_type: row.text("output_content_type")?,
+        error_message: row.text("error_message")?,
+        version: row.int("version")?,
+        traceparent: row.text("traceparent")?,
+        balancer: match row.opt_text("balancer")? {
+            None => None,
+            Some(b) => Some(Strategy::parse(&b).ok_or_else(|| format!("unknown balancer {b:?}"))?),
+        },
+        schedule_id: row.opt_text("schedule_id")?,
+        attempts: Vec::new(),
+        callback: None,
+    })
+}
+
+/// Reads an attempt of task `task_id` from a row of the `attempts` table.
+pub(crate) fn attempt(row: &impl Columns, task_id: &str) -> Result<AttemptRecord> {
+    let number = row.int("number");
+    let outcome = row.opt_text("outcome");
+    let decoded = (|| {
+        let number = number?;
+        Ok::<_, String>(AttemptRecord {
+            number: u32::try_from(number)
+                .map_err(|_| format!("number = {number} is out of range"))?,
+            execution_id: row.text("execution_id")?,
+            worker_id: row.text("worker_id")?,
+            started_at: row.int("started_at")?,
+            ended_at: row.opt_int("ended_at")?,
+            outcome: parse_outcome(outcome?)?,
+            message: row.text("message")?,
+        })
+    })();
+    decoded.map_err(|e| bad_task(task_id, format_args!("bad attempts row: {e}")))
+}
+
+/// Reads a callback outbox entry from a row of the `callbacks` table.
+pub(crate) fn callback(row: &impl Columns) -> Result<CallbackDelivery> {
+    let task_id = row.text("task_id").unwrap_or_default();
+    let decoded = (|| {
+        let state = row.text("state")?;
+        let attempts = row.int("attempts")?;
+        Ok::<_, String>(CallbackDelivery {
+            delivery_id: row.text("delivery_id")?,
+            url: row.text("url")?,
+            state: parse_callback_state(&state)?,
+            attempts: u32::try_from(attempts)
+                .map_err(|_| format!("attempts = {attempts} is out of range"))?,
+            last_error: row.text("last_error")?,
+            next_attempt_at: row.opt_int("next_attempt_at")?,
+            delivered_at: row.opt_int("delivered_at")?,
+            created_at: row.int("created_at")?,
+        })
+    })();
+    decoded.map_err(|e| bad_task(&task_id, format_args!("bad callbacks row: {e}")))
+}
+
+/// A callback state column.
+pub(crate) fn parse_callback_state(text: &str) -> Result<CallbackState, String> {
+    CallbackState::parse(text).ok_or_else(|| format!("unknown state {text:?}"))
+}
+
+/// An attempt outcome column.
+pub(crate) fn parse_outcome(text: Option<String>) -> Result<Option<AttemptOutcome>, String> {
+    match text {
+        None => Ok(None),
+        Some(text) => AttemptOutcome::parse(&text)
+            .map(Some)
+            .ok_or_else(|| format!("unknown outcome {text:?}")),
+    }
+}
+
+/// The error for a task row that cannot be read or written.
+pub(crate) fn bad_task(task_id: &str, what: impl Display) -> Error {
+    Error::Internal(format!("task {task_id}: bad row: {what}"))
+}
+
+/// The error for a schedule row that cannot be read or written.
+pub(crate) fn bad_schedule(id: &str, what: impl Display) -> Error {
+    Error::Internal(format!("schedule {id}: {what}"))
+}
+
+/// Reads a schedule from a row of the backend's schedule columns.
+pub(crate) fn schedule(row: &impl Columns) -> Result<ScheduleRecord> {
+    let id = row
+        .text("id")
+        .map_err(|e| Error::Internal(format!("schedule row without an id: {e}")))?;
+    decode_schedule(row, &id).map_err(|e| bad_schedule(&id, e))
+}
+
+fn decode_schedule(row: &impl Columns, id: &str) -> Result<ScheduleRecord, String> {
+    let text = row.text("kind")?;
+    let kind = ScheduleKind::parse(&text).ok_or_else(|| format!("unknown kind {text}"))?;
+    let text = row.text("misfire_policy")?;
+    let misfire =
+        MisfirePolicy::parse(&text).ok_or_else(|| format!("unknown misfire policy {text}"))?;
+    let text = row.text("overlap_policy")?;
+    let overlap =
+        OverlapPolicy::parse(&text).ok_or_else(|| format!("unknown overlap policy {text}"))?;
+    let template: TaskTemplate = serde_json::from_str(&row.text("template")?)
+        .map_err(|err| format!("bad template: {err}"))?;
+    let count = |col: &str| -> Result<u64, String> {
+        let v = row.int(col)?;
+        u64::try_from(v).map_err(|_| format!("{col} = {v}"))
+    };
+    let max_catch_up = row.int("max_catch_up")?;
+    Ok(ScheduleRecord {
+        id: id.to_string(),
+        name: row.text("name")?,
+        kind,
+        cron_expression: row.text("cron_expression")?,
+        interval_ms: row.int("interval_ms")?,
+        time_zone: row.text("time_zone")?,
+        template,
+        misfire,
+        max_catch_up: u32::try_from(max_catch_up).map_err(|_| "max_catch_up".to_string())?,
+        overlap,
+        paused: row.flag("paused")?,
+        next_fire_at: row.opt_int("next_fire_at")?,
+        last_fire_at: row.opt_int("last_fire_at")?,
+        last_task_id: row.opt_text("last_task_id")?,
+        fire_count: count("fire_count")?,
+        skipped_count: count("skipped_count")?,
+        created_at: row.int("created_at")?,
+        updated_at: row.int("updated_at")?,
+        version: row.int("version")?,
+    })
+}
+
+/// Reads a row of `schedule_fires`.
+pub(crate) fn fire(row: &impl Columns) -> Result<FireRecord> {
+    let decoded = (|| {
+        let outcome = row.text("outcome")?;
+        Ok::<_, String>(FireRecord {
+            fire_at: row.int("fire_at")?,
+            handled_at: row.int("handled_at")?,
+            outcome: FireOutcome::parse(&outcome)
+                .ok_or_else(|| format!("unknown fire outcome {outcome}"))?,
+            task_id: row.opt_text("task_id")?,
+        })
+    })();
+    decoded.map_err(|e| Error::Internal(format!("bad schedule_fires row: {e}")))
+}
+
+/// The JSON text of a schedule's template, as both backends store it.
+pub(crate) fn template_json(s: &ScheduleRecord) -> Result<String> {
+    serde_json::to_string(&s.template)
+        .map_err(|err| bad_schedule(&s.id, format!("cannot encode template: {err}")))
+}
+
+/// The JSON text of a task's labels, as both backends store it.
+pub(crate) fn labels_json(task: &TaskRecord) -> Result<String> {
+    serde_json::to_string(&task.labels)
+        .map_err(|e| bad_task(&task.id, format_args!("cannot encode labels: {e}")))
+}

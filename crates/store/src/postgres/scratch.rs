@@ -1,0 +1,157 @@
+//! Throw-away schemas on a real Postgres server, for tests: each test gets
+//! a schema of its own (so tests run in parallel on one database), created
+//! fresh and dropped at the end.
+//!
+//! Tests use the machine's server (`make services` starts it) unless
+//! `TASKMESH_TEST_DATABASE_URL` names another. A server that cannot be
+//! reached is an error saying so — a test never passes silently without
+//! its database.
+
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+
+use super::PostgresOptions;
+use crate::{Error, Result};
+
+/// The environment variable naming the test database.
+pub const TEST_DATABASE_URL_ENV: &str = "TASKMESH_TEST_DATABASE_URL";
+
+/// The machine's Postgres as `scripts/ensure-services.sh` provides it.
+pub const DEFAULT_TEST_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// The database tests use: `TASKMESH_TEST_DATABASE_URL`, or the default.
+pub fn test_database_url() -> String {
+    std::env::var(TEST_DATABASE_URL_ENV)
+        .ok()
+        .filter(|url| !url.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_TEST_DATABASE_URL.to_string())
+}
+
+/// A schema made for one test and dropped (with everything in it) when
+/// this value is dropped or [`ScratchSchema::drop_now`] is called.
+#[derive(Debug)]
+pub struct ScratchSchema {
+    url: String,
+    name: String,
+    dropped: bool,
+}
+
+impl ScratchSchema {
+    /// Creates a uniquely named empty schema on the test database.
+    pub async fn create() -> Result<Self> {
+        Self::create_on(&test_database_url()).await
+    }
+
+    /// Creates a uniquely named empty schema on the database at `url`.
+    pub async fn create_on(url: &str) -> Result<Self> {
+        let id = taskmesh_core::id::new_session_id().replace('-', "");
+        let name = format!("tm_test_{}", &id[..16]);
+        let mut conn = connect(url).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
+            .execute(&mut conn)
+            .await?;
+        let _ = conn.close().await;
+        Ok(Self {
+            url: url.to_string(),
+            name,
+            dropped: false,
+        })
+    }
+
+    /// The schema's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The database URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Store options for this schema: a small pool (tests run in parallel
+    /// on one server), notifications on.
+    pub fn options(&self) -> PostgresOptions {
+        PostgresOptions {
+            max_connections: 6,
+            ..PostgresOptions::new(self.url.clone()).with_schema(self.name.clone())
+        }
+    }
+
+    /// Drops the schema now, reporting failure.
+    pub async fn drop_now(mut self) -> Result<()> {
+        self.dropped = true;
+        drop_schema(&self.url, &self.name).await
+    }
+}
+
+impl Drop for ScratchSchema {
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        // Drop runs inside the test's runtime, where blocking on a future
+        // is not allowed: a thread with a runtime of its own does it.
+        let (url, name) = (self.url.clone(), self.name.clone());
+        let done = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Error::Internal(e.to_string()))?;
+            runtime.block_on(drop_schema(&url, &name))
+        })
+        .join();
+        if let Ok(Err(err)) = done {
+            eprintln!("could not drop test schema {}: {err}", self.name);
+        }
+    }
+}
+
+async fn drop_schema(url: &str, name: &str) -> Result<()> {
+    let mut conn = connect(url).await?;
+    // A connection left inside a transaction (a test that panicked) would
+    // block the drop forever; give up after a while and leave the schema.
+    sqlx::query("SET lock_timeout = '10s'")
+        .execute(&mut conn)
+        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS {name} CASCADE"
+    )))
+    .execute(&mut conn)
+    .await?;
+    let _ = conn.close().await;
+    Ok(())
+}
+
+async fn connect(url: &str) -> Result<PgConnection> {
+    PgConnection::connect(url).await.map_err(|err| {
+        Error::Unavailable(format!(
+            "cannot reach the test Postgres at {} ({err}); start it with `make services` \
+             or name another with {TEST_DATABASE_URL_ENV}",
+            redact(url)
+        ))
+    })
+}
+
+/// `url` without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn urls_lose_their_password() {
+        assert_eq!(redact("postgres://u:secret@h:5/db"), "postgres://u@h:5/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
+    }
+}
