@@ -6,6 +6,12 @@ set -euo pipefail
 
 pg_ok() { pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; }
 redis_ok() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }
+# The Postgres store tests create a schema each in the database `test`.
+test_db() {
+  psql -h 127.0.0.1 -U postgres -d postgres -Atc \
+    "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
+    || createdb -h 127.0.0.1 -U postgres test
+}
 
 if ! pg_ok; then
   echo "postgres: not answering, starting it"
@@ -18,6 +24,7 @@ fi
 
 for _ in $(seq 1 50); do
   if pg_ok && redis_ok; then
+    test_db
     echo "postgres and redis answer"
     exit 0
   fi

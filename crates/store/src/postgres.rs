@@ -19,7 +19,8 @@
 //!
 //! Layout: this file connects; `sql` holds the statements, `tx` the
 //! per-row statements run inside a transaction, `batch` the one-statement
-//! batch writer, `claims` the claim, `callbacks` the callback outbox, `outbox` and `notify` the two halves
+//! batch writer, `transitions` the batches of events, `claims` the claim,
+//! `callbacks` the callback outbox, `outbox` and `notify` the two halves
 //! of the notifications, `store_impl` and `schedules` the trait, `scratch`
 //! throw-away schemas for tests.
 
@@ -44,6 +45,7 @@ mod sql;
 mod store_impl;
 #[cfg(test)]
 mod tests;
+mod transitions;
 mod tx;
 
 /// The schema, embedded at compile time from `migrations/postgres`.
