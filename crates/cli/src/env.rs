@@ -52,3 +52,5 @@ pub const REDIS_PREFIX: &str = "TASKMESH_REDIS_PREFIX";
 pub const LEASE_TTL: &str = "TASKMESH_LEASE_TTL";
 /// Leader lease renew interval (`serve`, cluster mode), e.g. "3s".
 pub const LEASE_RENEW: &str = "TASKMESH_LEASE_RENEW";
+/// Postgres URL for the store (`serve`); unset means SQLite in the data dir.
+pub const DATABASE_URL: &str = "TASKMESH_DATABASE_URL";

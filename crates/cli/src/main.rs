@@ -106,6 +106,11 @@ struct ServeArgs {
     /// Tries per callback (the first included) before it is given up.
     #[arg(long, env = env::CALLBACK_MAX_ATTEMPTS, default_value_t = 15)]
     callback_max_attempts: u32,
+    /// Postgres URL for the store (cluster mode), e.g.
+    /// postgres://postgres@127.0.0.1:5432/taskmesh; unset uses SQLite in
+    /// --data-dir.
+    #[arg(long, env = env::DATABASE_URL)]
+    database_url: Option<String>,
     /// Redis URL for cluster coordination (leader lease with fencing token,
     /// worker registry across replicas), e.g. redis://127.0.0.1:6379; unset
     /// coordinates in process (one node).
@@ -214,6 +219,7 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
     opts.max_body_bytes = args.max_body_bytes;
     opts.callbacks.secret = args.callback_secret;
     opts.callbacks.policy.max_attempts = args.callback_max_attempts;
+    opts.database_url = args.database_url;
     if let Some(url) = args.redis_url {
         let mut r = taskmesh_coord::RedisOptions::new(url, "this-node");
         r.key_prefix = args.redis_prefix;

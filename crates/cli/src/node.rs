@@ -15,7 +15,9 @@ use taskmesh_core::{Clock, SystemClock};
 use taskmesh_dispatcher::{DispatchStats, Dispatcher, DispatcherOptions};
 use taskmesh_gateway::{Gateway, GatewayOptions, Readiness};
 use taskmesh_scheduler::{Scheduler, SchedulerOptions};
-use taskmesh_store::{SqliteOptions, SqliteStore, Store};
+use taskmesh_store::{
+    PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, Store, StoreClock,
+};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -44,6 +46,8 @@ pub struct NodeOptions {
     /// Redis for coordination across replicas (leader lease, worker
     /// registry); `None` coordinates in process (a single node).
     pub redis: Option<RedisOptions>,
+    /// Postgres URL for the store; `None` uses SQLite in `data_dir`.
+    pub database_url: Option<String>,
 }
 
 impl NodeOptions {
@@ -59,6 +63,7 @@ impl NodeOptions {
             max_body_bytes: 4 * 1024 * 1024,
             with_worker: None,
             redis: None,
+            database_url: None,
         }
     }
 
@@ -205,13 +210,31 @@ impl RunningNode {
 /// Starts a node: opens the store, recovers orphaned attempts, then serves.
 pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     opts.validate()?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let db = opts.data_dir.join("taskmesh.db");
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(SqliteOptions::new(db.clone()))
-            .await
-            .with_context(|| format!("opening the SQLite store at {}", db.display()))?,
-    );
+    let (store, clock): (Arc<dyn Store>, Arc<dyn Clock>) = match &opts.database_url {
+        Some(url) => {
+            let store: Arc<dyn Store> = Arc::new(
+                PostgresStore::connect(PostgresOptions::new(url.clone()))
+                    .await
+                    .context("connecting to Postgres")?,
+            );
+            // Due-ness by the database's clock: a replica on a skewed host
+            // still fires nothing early.
+            let clock =
+                StoreClock::start(store.clone(), Arc::new(SystemClock), Duration::from_secs(5))
+                    .await
+                    .context("reading the database clock")?;
+            (store, Arc::new(clock))
+        }
+        None => {
+            let db = opts.data_dir.join("taskmesh.db");
+            let store: Arc<dyn Store> = Arc::new(
+                SqliteStore::open(SqliteOptions::new(db.clone()))
+                    .await
+                    .with_context(|| format!("opening the SQLite store at {}", db.display()))?,
+            );
+            (store, Arc::new(SystemClock))
+        }
+    };
     let coord = coordinator(&opts, store.clone(), clock.clone()).await?;
 
     let (reaped_tx, reaped_rx) = tokio::sync::mpsc::channel(1024);
