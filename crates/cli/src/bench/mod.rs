@@ -2,8 +2,12 @@
 //! prints a table (or JSON with `--output json`) of what it measured; the
 //! numbers and the exact commands go to docs/BENCHMARKS.md.
 
+mod cpu;
 mod cron;
+mod latency;
+mod load;
 mod skew;
+mod throughput;
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -17,6 +21,12 @@ pub enum Scenario {
     /// Workers of mixed speed, tasks of mixed duration, Poisson arrivals:
     /// makespan and wait (submit → start) per balancer strategy.
     Skew,
+    /// Completed tasks/s end to end: `--tasks` drained by `--workers`
+    /// running `echo` (pre-inserted, or `--mode continuous`).
+    Throughput,
+    /// Submit → dispatch / start / complete percentiles at a fixed
+    /// arrival `--rate` for `--duration`.
+    Latency,
 }
 
 /// Output forms.
@@ -37,10 +47,15 @@ pub struct BenchArgs {
     /// Output form.
     #[arg(long, short, value_enum, default_value_t = BenchOutput::Table)]
     output: BenchOutput,
+    /// Tasks per run (skew: default 1000; throughput: default 100000).
+    #[arg(long)]
+    tasks: Option<usize>,
     #[command(flatten)]
     cron: cron::CronArgs,
     #[command(flatten)]
     skew: skew::SkewArgs,
+    #[command(flatten)]
+    load: load::LoadArgs,
 }
 
 /// Latency percentiles in milliseconds.
@@ -83,10 +98,25 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         }
         Scenario::Skew => {
-            let report = skew::run_args(&args.skew).await?;
+            let report = skew::run_args(&args.skew, args.tasks.unwrap_or(1_000)).await?;
             match args.output {
                 BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
                 BenchOutput::Table => skew::print(&report),
+            }
+        }
+        Scenario::Throughput => {
+            let tasks = args.tasks.unwrap_or(100_000);
+            let report = throughput::run(&args.load, tasks).await?;
+            match args.output {
+                BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                BenchOutput::Table => throughput::print(&report),
+            }
+        }
+        Scenario::Latency => {
+            let report = latency::run(&args.load).await?;
+            match args.output {
+                BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                BenchOutput::Table => latency::print(&report),
             }
         }
     }

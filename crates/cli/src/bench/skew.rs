@@ -34,9 +34,6 @@ use crate::node::{self, NodeOptions};
 /// Flags of the skew scenario.
 #[derive(Debug, Args)]
 pub struct SkewArgs {
-    /// Tasks per run.
-    #[arg(long, default_value_t = 1_000)]
-    tasks: usize,
     /// Offered load as a fraction of the workers' total execution capacity.
     /// At 0.5 several streams usually have room, so the strategy decides;
     /// near 1.0 every strategy degenerates to "whoever frees a slot".
@@ -71,8 +68,8 @@ pub struct SkewReport {
 }
 
 /// Runs the scenario from its flags.
-pub async fn run_args(args: &SkewArgs) -> anyhow::Result<SkewReport> {
-    anyhow::ensure!(args.tasks > 0, "--tasks must be at least 1");
+pub async fn run_args(args: &SkewArgs, tasks: usize) -> anyhow::Result<SkewReport> {
+    anyhow::ensure!(tasks > 0, "--tasks must be at least 1");
     anyhow::ensure!(
         args.load > 0.0 && args.load <= 2.0,
         "--load must be in (0, 2], got {}",
@@ -84,7 +81,7 @@ pub async fn run_args(args: &SkewArgs) -> anyhow::Result<SkewReport> {
     } else {
         args.strategies.clone()
     };
-    let mut cfg = SkewConfig::standard(args.tasks, args.load, args.seed);
+    let mut cfg = SkewConfig::standard(tasks, args.load, args.seed);
     cfg.repeats = args.repeat;
     run(&cfg, &strategies).await
 }

@@ -1,0 +1,239 @@
+//! `--scenario latency`: tasks arrive at a fixed rate below saturation;
+//! how long from submit to dispatch, to start and to completion.
+//!
+//! Arrival `i` is due at `t0 + i / rate`. Every millisecond the generator
+//! sends whatever has become due as one call (`SubmitTask` for one task,
+//! `SubmitTasks` for more), and each task's latency is counted from its
+//! *due* instant, not from when the call went out, so a generator or server
+//! that falls behind shows up in the figures instead of hiding (no
+//! coordinated omission). The end instants come from the store's change
+//! feed (see `load`): dispatched = the claim committed and the task pushed;
+//! started = the worker's ACK committed (the SDK starts the handler right
+//! after sending it, so this bounds the start from above); completed = the
+//! result committed.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use taskmesh::v1 as pb;
+
+use super::Percentiles;
+use super::load::{self, CpuReport, LoadArgs, Recorder, Rig, Seen, Submitted, WorkersAs};
+
+/// Default arrival rate.
+pub const DEFAULT_RATE: f64 = 1_000.0;
+
+/// What the scenario measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyReport {
+    /// `latency`.
+    pub scenario: &'static str,
+    /// The store.
+    pub store: String,
+    /// Arrival rate asked for, tasks/s.
+    pub rate: f64,
+    /// Submitting lasted this long, in seconds.
+    pub duration_s: f64,
+    /// Tasks submitted.
+    pub tasks: u64,
+    /// Workers.
+    pub workers: usize,
+    /// Slots per worker.
+    pub worker_concurrency: u32,
+    /// Where the workers ran.
+    pub workers_as: WorkersAs,
+    /// Submit → claimed and pushed.
+    pub submit_to_dispatch: Percentiles,
+    /// Submit → the worker's ACK durable (handler started).
+    pub submit_to_start: Percentiles,
+    /// Submit → the result durable.
+    pub submit_to_complete: Percentiles,
+    /// Changes the recorder missed (tasks without a figure).
+    pub missed_changes: u64,
+    /// CPU over the run.
+    pub cpu: CpuReport,
+}
+
+/// Runs the scenario.
+pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
+    args.validate()?;
+    let rate = args.rate.unwrap_or(DEFAULT_RATE);
+    let tasks = (rate * args.duration.as_secs_f64()).round().max(1.0) as usize;
+    anyhow::ensure!(
+        tasks <= 10_000_000,
+        "rate × duration must stay below 10^7 tasks"
+    );
+    let mut rig = Rig::start(args).await?;
+    rig.start_workers(args).await?;
+    let recorder = Recorder::start(rig.node.store.clone(), true);
+    let addr = rig.node.grpc_addr;
+    let result =
+        async {
+            let mark = rig.cpu_mark();
+            let generator = load::on_generator_thread(move || async move {
+                let api = load::client(addr).await?;
+                open_loop(&api, tasks, rate).await
+            });
+            let drained = {
+                let (rig, recorder) = (&rig, &recorder);
+                async move {
+                    load::wait_drained(rig, recorder, tasks as u64, Duration::from_secs(60)).await
+                }
+            };
+            let ((submitted, generator_cpu), _) = tokio::try_join!(generator, drained)?;
+            let cpu = rig.cpu_since(&mark, generator_cpu, tasks as u64);
+            Ok::<_, anyhow::Error>((submitted, cpu))
+        }
+        .await;
+    let missed = recorder.missed.load(Ordering::Relaxed);
+    let seen = recorder.finish().await;
+    rig.stop().await;
+    let (submitted, cpu) = result?;
+    let [dispatch, start, complete] = histograms(&submitted, &seen)?;
+    Ok(LatencyReport {
+        scenario: "latency",
+        store: load::store_label(args),
+        rate,
+        duration_s: args.duration.as_secs_f64(),
+        tasks: submitted.len() as u64,
+        workers: args.workers,
+        worker_concurrency: args.worker_concurrency,
+        workers_as: args.workers_as,
+        submit_to_dispatch: Percentiles::of(&dispatch),
+        submit_to_start: Percentiles::of(&start),
+        submit_to_complete: Percentiles::of(&complete),
+        missed_changes: missed,
+        cpu,
+    })
+}
+
+/// Sends `tasks` arrivals at `rate`; returns each id with its due instant.
+async fn open_loop(
+    api: &pb::task_api_client::TaskApiClient<tonic::transport::Channel>,
+    tasks: usize,
+    rate: f64,
+) -> anyhow::Result<Vec<Submitted>> {
+    let t0 = Instant::now();
+    let due_at = |i: usize| t0 + Duration::from_secs_f64(i as f64 / rate);
+    let mut calls = tokio::task::JoinSet::new();
+    let mut out = Vec::with_capacity(tasks);
+    let mut sent = 0usize;
+    while sent < tasks {
+        let now = Instant::now();
+        let due = ((now.duration_since(t0).as_secs_f64() * rate) as usize + 1).min(tasks);
+        if due > sent {
+            let first = sent;
+            let n = due - first;
+            sent = due;
+            let mut api = api.clone();
+            calls.spawn(async move {
+                let ids: Vec<String> = if n == 1 {
+                    let r = api.submit_task(load::echo_request()).await?.into_inner();
+                    vec![r.task_id]
+                } else {
+                    let req = pb::SubmitTasksRequest {
+                        tasks: (0..n).map(|_| load::echo_request()).collect(),
+                    };
+                    let resp = api.submit_tasks(req).await?.into_inner();
+                    resp.results
+                        .into_iter()
+                        .filter_map(|r| r.accepted.map(|a| a.task_id))
+                        .collect()
+                };
+                Ok::<_, tonic::Status>((first, ids))
+            });
+        }
+        while let Some(done) = calls.try_join_next() {
+            let (first, ids) = done??;
+            out.extend(
+                ids.into_iter()
+                    .enumerate()
+                    .map(|(k, id)| (id, due_at(first + k))),
+            );
+        }
+        // Wake at the next arrival (timer granularity is about 1 ms, so
+        // several arrivals may go together at high rates).
+        tokio::time::sleep_until(due_at(sent).into()).await;
+    }
+    while let Some(done) = calls.join_next().await {
+        let (first, ids) = done??;
+        out.extend(
+            ids.into_iter()
+                .enumerate()
+                .map(|(k, id)| (id, due_at(first + k))),
+        );
+    }
+    Ok(out)
+}
+
+fn histograms(
+    submitted: &[Submitted],
+    seen: &HashMap<String, Seen>,
+) -> anyhow::Result<[Histogram<u64>; 3]> {
+    let new = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3);
+    let mut h = [new()?, new()?, new()?];
+    let us =
+        |from: Instant, to: Instant| (to.saturating_duration_since(from).as_micros() as u64).max(1);
+    for (id, at) in submitted {
+        let Some(s) = seen.get(id) else { continue };
+        for (hist, end) in h.iter_mut().zip([s.dispatched, s.running, s.ended]) {
+            if let Some(end) = end {
+                hist.saturating_record(us(*at, end));
+            }
+        }
+    }
+    Ok(h)
+}
+
+/// Prints the report as a table.
+pub fn print(r: &LatencyReport) {
+    let p = |x: &Percentiles| {
+        format!(
+            "{:.2} / {:.2} / {:.2} / {:.2} (n={})",
+            x.p50_ms, x.p90_ms, x.p99_ms, x.max_ms, x.count
+        )
+    };
+    let mut rows = vec![
+        ("store".to_string(), r.store.clone()),
+        (
+            "workers".into(),
+            format!(
+                "{} × {} slots ({})",
+                r.workers,
+                r.worker_concurrency,
+                match r.workers_as {
+                    WorkersAs::Processes => "processes",
+                    WorkersAs::InProcess => "in process",
+                }
+            ),
+        ),
+        (
+            "arrivals".into(),
+            format!(
+                "{:.0}/s for {:.1} s = {} tasks",
+                r.rate, r.duration_s, r.tasks
+            ),
+        ),
+        (
+            "submit → dispatch p50/p90/p99/max ms".into(),
+            p(&r.submit_to_dispatch),
+        ),
+        (
+            "submit → start p50/p90/p99/max ms".into(),
+            p(&r.submit_to_start),
+        ),
+        (
+            "submit → complete p50/p90/p99/max ms".into(),
+            p(&r.submit_to_complete),
+        ),
+        (
+            "changes missed by the recorder".into(),
+            r.missed_changes.to_string(),
+        ),
+    ];
+    rows.extend(load::cpu_rows(&r.cpu));
+    load::print_rows("scenario: latency", &rows);
+}

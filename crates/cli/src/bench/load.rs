@@ -1,0 +1,677 @@
+//! What the `throughput` and `latency` scenarios share: their flags, the
+//! node under test (in process, on a fresh store), M `echo` workers (in
+//! process or as `taskmesh worker` processes), a recorder of the store's
+//! committed changes, a load generator on its own OS thread (so its CPU can
+//! be told apart from the server's), CPU accounting and the progress bar.
+//!
+//! Timing method: every instant is taken on this process's monotonic clock.
+//! The node runs in this process, so the store's change feed (published
+//! right after each commit) tells when a task was claimed and pushed
+//! (DISPATCHING), when the worker's ACK was durable (RUNNING; the SDK starts
+//! the handler right after sending it) and when its result was durable
+//! (SUCCEEDED) — the same for in-process and out-of-process workers.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+use taskmesh::v1 as pb;
+use taskmesh_core::TaskState;
+use taskmesh_store::{Store, TaskFilter};
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use super::cpu;
+use crate::node::{self, NodeOptions, RunningNode};
+
+/// Where the workers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkersAs {
+    /// `taskmesh worker` child processes, talking gRPC over loopback.
+    Processes,
+    /// SDK workers on this process's runtime (still gRPC over loopback).
+    InProcess,
+}
+
+/// How the throughput scenario loads the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Insert every task first, then start the workers and drain.
+    Prefill,
+    /// Submit and drain at the same time.
+    Continuous,
+}
+
+/// Flags of the `throughput` and `latency` scenarios.
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// Workers serving `echo`.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Slots of each worker.
+    #[arg(long, default_value_t = 256)]
+    pub worker_concurrency: u32,
+    /// Where the workers run.
+    #[arg(long, value_enum, default_value_t = WorkersAs::Processes)]
+    pub workers_as: WorkersAs,
+    /// Arrival rate in tasks/s: `latency` (default 1000) and `throughput
+    /// --mode continuous` (default: as fast as the node accepts).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// How long `latency` submits.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Throughput mode.
+    #[arg(long, value_enum, default_value_t = Mode::Prefill)]
+    pub mode: Mode,
+    /// Tasks per `SubmitTasks` call while loading.
+    #[arg(long, default_value_t = 1_000)]
+    pub submit_batch: usize,
+    /// The store: a fresh SQLite database in a temporary directory when
+    /// unset, `sqlite://DIR` for a (new) data directory of your choosing.
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// The `taskmesh` binary to start workers from (default: this one).
+    #[arg(long, hide = true)]
+    pub worker_bin: Option<PathBuf>,
+}
+
+impl LoadArgs {
+    /// Checks the flags make sense.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!((1..=64).contains(&self.workers), "--workers must be 1..=64");
+        anyhow::ensure!(
+            (1..=10_000).contains(&self.worker_concurrency),
+            "--worker-concurrency must be 1..=10000"
+        );
+        anyhow::ensure!(
+            (1..=10_000).contains(&self.submit_batch),
+            "--submit-batch must be 1..=10000"
+        );
+        if let Some(rate) = self.rate {
+            anyhow::ensure!(
+                rate.is_finite() && rate > 0.0 && rate <= 1_000_000.0,
+                "--rate must be in (0, 1000000]"
+            );
+        }
+        anyhow::ensure!(
+            !self.duration.is_zero() && self.duration <= Duration::from_secs(3_600),
+            "--duration must be in (0, 1h]"
+        );
+        Ok(())
+    }
+}
+
+/// The store a run used, for the report.
+pub fn store_label(args: &LoadArgs) -> String {
+    match &args.database_url {
+        None => "sqlite (temporary directory, WAL, synchronous=FULL)".into(),
+        Some(url) => format!("{} (synchronous=FULL)", redact(url)),
+    }
+}
+
+fn redact(url: &str) -> String {
+    // Never print a password.
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// CPU used during a measured window.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CpuReport {
+    /// Wall time of the window, in seconds.
+    pub wall_s: f64,
+    /// The node's process (this one) minus the load generator's thread.
+    /// With in-process workers it includes them.
+    pub server_s: f64,
+    /// The worker processes together (0 with in-process workers).
+    pub workers_s: f64,
+    /// The load generator's own thread.
+    pub generator_s: f64,
+    /// server + workers, per task completed in the window, in µs.
+    pub us_per_task: f64,
+    /// (server + workers + generator) / wall: cores busy on average.
+    pub cores_busy: f64,
+}
+
+/// Start of a CPU window.
+pub struct CpuMark {
+    at: Instant,
+    process: Duration,
+    workers: Duration,
+}
+
+/// The node, its workers and a client: everything a scenario runs against.
+pub struct Rig {
+    /// The node under test.
+    pub node: RunningNode,
+    /// A client of its TaskApi.
+    pub channel: Channel,
+    workers: Workers,
+    _dir: Option<tempfile::TempDir>,
+}
+
+enum Workers {
+    None,
+    InProcess {
+        stop: CancellationToken,
+        tasks: Vec<tokio::task::JoinHandle<()>>,
+    },
+    Processes(Vec<tokio::process::Child>),
+}
+
+impl Rig {
+    /// Starts a node on the store `args` names. Workers come later.
+    pub async fn start(args: &LoadArgs) -> anyhow::Result<Self> {
+        let (data_dir, dir) = match &args.database_url {
+            None => {
+                let dir = tempfile::tempdir().context("creating a temporary data directory")?;
+                (dir.path().to_path_buf(), Some(dir))
+            }
+            Some(url) => match url.strip_prefix("sqlite://") {
+                Some(path) if !path.is_empty() => (PathBuf::from(path), None),
+                _ => anyhow::bail!(
+                    "--database-url {} is not supported: use sqlite://DIR or leave it unset",
+                    redact(url)
+                ),
+            },
+        };
+        let mut opts = NodeOptions::new();
+        opts.data_dir = data_dir;
+        opts.grpc_addr = ([127, 0, 0, 1], 0).into();
+        opts.http_addr = ([127, 0, 0, 1], 0).into();
+        let node = node::start(opts).await?;
+        let page = node
+            .store
+            .list_tasks(&TaskFilter {
+                limit: 1,
+                ..TaskFilter::default()
+            })
+            .await?;
+        anyhow::ensure!(
+            page.tasks.is_empty(),
+            "the bench needs an empty store; this one already holds tasks"
+        );
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", node.grpc_addr))?
+                .connect()
+                .await
+                .context("connecting to the node")?;
+        Ok(Self {
+            node,
+            channel,
+            workers: Workers::None,
+            _dir: dir,
+        })
+    }
+
+    /// Starts the workers and waits until all of them are connected.
+    pub async fn start_workers(&mut self, args: &LoadArgs) -> anyhow::Result<()> {
+        let server = format!("http://{}", self.node.grpc_addr);
+        self.workers = match args.workers_as {
+            WorkersAs::InProcess => {
+                let stop = CancellationToken::new();
+                let mut tasks = Vec::new();
+                for i in 0..args.workers {
+                    let mut opts = taskmesh_worker::WorkerOptions::new(vec![server.clone()]);
+                    opts.worker_id = format!("bench-{i}");
+                    opts.name = opts.worker_id.clone();
+                    opts.concurrency = args.worker_concurrency;
+                    let worker = taskmesh_worker::Worker::new(opts)
+                        .handler("echo", taskmesh_worker::builtin::Echo);
+                    let token = stop.child_token();
+                    tasks.push(tokio::spawn(async move {
+                        if let Err(err) = worker.run(token).await {
+                            tracing::warn!(error = %err, "bench worker failed");
+                        }
+                    }));
+                }
+                Workers::InProcess { stop, tasks }
+            }
+            WorkersAs::Processes => {
+                let bin = match &args.worker_bin {
+                    Some(p) => p.clone(),
+                    None => std::env::current_exe().context("locating the taskmesh binary")?,
+                };
+                let mut children = Vec::new();
+                for i in 0..args.workers {
+                    let child = tokio::process::Command::new(&bin)
+                        .args(["worker", "--server", &server, "--handlers", "echo"])
+                        .args(["--concurrency", &args.worker_concurrency.to_string()])
+                        .args(["--worker-id", &format!("bench-{i}"), "--log", "warn"])
+                        .stdin(std::process::Stdio::null())
+                        .stdout(std::process::Stdio::null())
+                        .kill_on_drop(true)
+                        .spawn()
+                        .with_context(|| format!("starting {}", bin.display()))?;
+                    children.push(child);
+                }
+                Workers::Processes(children)
+            }
+        };
+        let mut api = pb::task_api_client::TaskApiClient::new(self.channel.clone());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let workers = api
+                .list_workers(pb::ListWorkersRequest::default())
+                .await?
+                .into_inner()
+                .workers;
+            if workers.len() >= args.workers {
+                return Ok(());
+            }
+            if let Workers::Processes(children) = &mut self.workers {
+                for c in children.iter_mut() {
+                    if let Some(status) = c.try_wait()? {
+                        anyhow::bail!("a worker process exited early: {status}");
+                    }
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "only {} of {} workers connected within 30 s",
+                workers.len(),
+                args.workers
+            );
+            // Polling a condition with a deadline.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A mark to measure CPU from.
+    pub fn cpu_mark(&self) -> CpuMark {
+        CpuMark {
+            at: Instant::now(),
+            process: cpu::process(),
+            workers: self.workers_cpu(),
+        }
+    }
+
+    /// CPU used since `mark`; `generator` is the load generator thread's
+    /// share, `completed` the tasks completed in the window.
+    pub fn cpu_since(&self, mark: &CpuMark, generator: Duration, completed: u64) -> CpuReport {
+        let wall = mark.at.elapsed().as_secs_f64();
+        let process = cpu::process().saturating_sub(mark.process);
+        let server = process.saturating_sub(generator).as_secs_f64();
+        let workers = self
+            .workers_cpu()
+            .saturating_sub(mark.workers)
+            .as_secs_f64();
+        let generator = generator.as_secs_f64();
+        CpuReport {
+            wall_s: wall,
+            server_s: server,
+            workers_s: workers,
+            generator_s: generator,
+            us_per_task: (server + workers) * 1e6 / completed.max(1) as f64,
+            cores_busy: (server + workers + generator) / wall.max(1e-9),
+        }
+    }
+
+    fn workers_cpu(&self) -> Duration {
+        match &self.workers {
+            Workers::Processes(children) => children
+                .iter()
+                .filter_map(|c| c.id().and_then(cpu::of_pid))
+                .sum(),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Stops the workers (SIGTERM, then a kill after 10 s) and the node.
+    pub async fn stop(self) {
+        match self.workers {
+            Workers::None => {}
+            Workers::InProcess { stop, tasks } => {
+                stop.cancel();
+                for t in tasks {
+                    let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+                }
+            }
+            Workers::Processes(children) => {
+                for mut c in children {
+                    if let Some(pid) = c.id() {
+                        // SAFETY: kill has no memory preconditions; the pid
+                        // is our own child's, not yet reaped.
+                        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                    }
+                    if tokio::time::timeout(Duration::from_secs(10), c.wait())
+                        .await
+                        .is_err()
+                    {
+                        let _ = c.kill().await;
+                    }
+                }
+            }
+        }
+        self.node.stop(Duration::from_secs(10)).await;
+    }
+}
+
+/// When each task reached the states the scenarios time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Seen {
+    /// Claimed and pushed (DISPATCHING committed).
+    pub dispatched: Option<Instant>,
+    /// ACK durable (RUNNING committed).
+    pub running: Option<Instant>,
+    /// Result durable (terminal state committed).
+    pub ended: Option<Instant>,
+}
+
+/// Follows the store's committed changes: counts terminal ones and, when
+/// asked to, keeps per-task instants.
+pub struct Recorder {
+    /// Terminal changes seen.
+    pub ended: Arc<AtomicU64>,
+    /// Changes the feed dropped because the recorder fell behind.
+    pub missed: Arc<AtomicU64>,
+    seen: Arc<Mutex<HashMap<String, Seen>>>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Recorder {
+    /// Starts following `store`; with `per_task`, keeps instants per task.
+    pub fn start(store: Arc<dyn Store>, per_task: bool) -> Self {
+        let mut feed = store.subscribe();
+        let ended = Arc::new(AtomicU64::new(0));
+        let missed = Arc::new(AtomicU64::new(0));
+        let seen: Arc<Mutex<HashMap<String, Seen>>> = Arc::default();
+        let stop = CancellationToken::new();
+        let task = {
+            let (ended, missed, seen, stop) =
+                (ended.clone(), missed.clone(), seen.clone(), stop.clone());
+            tokio::spawn(async move {
+                loop {
+                    let change = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        c = feed.recv() => c,
+                    };
+                    let change = match change {
+                        Ok(c) => c,
+                        Err(RecvError::Lagged(n)) => {
+                            missed.fetch_add(n, Ordering::Relaxed);
+                            continue;
+                        }
+                        Err(RecvError::Closed) => return,
+                    };
+                    let now = Instant::now();
+                    if change.state.is_terminal() {
+                        ended.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if !per_task {
+                        continue;
+                    }
+                    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    let entry = seen.entry(change.task_id).or_default();
+                    match change.state {
+                        TaskState::Dispatching => {
+                            entry.dispatched.get_or_insert(now);
+                        }
+                        TaskState::Running => {
+                            entry.running.get_or_insert(now);
+                        }
+                        s if s.is_terminal() => {
+                            entry.ended.get_or_insert(now);
+                        }
+                        _ => {}
+                    }
+                }
+            })
+        };
+        Self {
+            ended,
+            missed,
+            seen,
+            stop,
+            task,
+        }
+    }
+
+    /// Stops following and returns what was kept per task.
+    pub async fn finish(self) -> HashMap<String, Seen> {
+        self.stop.cancel();
+        let _ = self.task.await;
+        std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// One submitted task: its id and the instant its arrival was due.
+pub type Submitted = (String, Instant);
+
+/// Runs `f` on a dedicated OS thread with its own single-threaded runtime
+/// and returns its result with the CPU time that thread used.
+pub async fn on_generator_thread<F, Fut, T>(f: F) -> anyhow::Result<(T, Duration)>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+    T: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("bench-load".into())
+        .spawn(move || {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("building the load generator's runtime")
+                .and_then(|rt| {
+                    let before = cpu::thread();
+                    let out = rt.block_on(f());
+                    drop(rt);
+                    out.map(|v| (v, cpu::thread().saturating_sub(before)))
+                });
+            let _ = tx.send(result);
+        })
+        .context("starting the load generator thread")?;
+    rx.await.context("the load generator thread died")?
+}
+
+/// A connected TaskApi client on the current runtime.
+pub async fn client(
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<pb::task_api_client::TaskApiClient<Channel>> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await
+        .context("connecting the load generator")?;
+    Ok(pb::task_api_client::TaskApiClient::new(channel)
+        .max_decoding_message_size(64 * 1024 * 1024)
+        .max_encoding_message_size(64 * 1024 * 1024))
+}
+
+/// One `echo` task as submitted by the bench.
+pub fn echo_request() -> pb::SubmitTaskRequest {
+    pb::SubmitTaskRequest {
+        handler: "echo".into(),
+        payload: Some(pb::Payload {
+            data: b"{}".to_vec(),
+            content_type: "application/json".into(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// Sends `tasks` as `SubmitTasks` calls of `batch`, at most `parallel` in
+/// flight, as fast as they are accepted. Returns the ids, each with the
+/// instant its call was sent.
+pub async fn submit_all(
+    api: &pb::task_api_client::TaskApiClient<Channel>,
+    tasks: usize,
+    batch: usize,
+    parallel: usize,
+) -> anyhow::Result<Vec<Submitted>> {
+    let mut out = Vec::with_capacity(tasks);
+    let mut calls = tokio::task::JoinSet::new();
+    let mut queued = 0usize;
+    while queued < tasks || !calls.is_empty() {
+        while queued < tasks && calls.len() < parallel {
+            let n = batch.min(tasks - queued);
+            queued += n;
+            let mut api = api.clone();
+            calls.spawn(async move {
+                let at = Instant::now();
+                let req = pb::SubmitTasksRequest {
+                    tasks: (0..n).map(|_| echo_request()).collect(),
+                };
+                api.submit_tasks(req).await.map(|r| (r.into_inner(), at))
+            });
+        }
+        if let Some(done) = calls.join_next().await {
+            let (resp, at) = done?.context("SubmitTasks failed")?;
+            for r in resp.results {
+                let accepted = r.accepted.with_context(|| {
+                    format!("a task was refused: {} ({})", r.error_message, r.error_code)
+                })?;
+                out.push((accepted.task_id, at));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Tasks in the store by outcome, and the first and last `ended_at`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tally {
+    /// SUCCEEDED tasks.
+    pub succeeded: u64,
+    /// Tasks in any other state.
+    pub other: u64,
+    /// Earliest end (unix ms).
+    pub first_end: Option<i64>,
+    /// Latest end (unix ms).
+    pub last_end: Option<i64>,
+}
+
+/// Reads every task of the store (pages of 1000) and tallies them.
+pub async fn tally(store: &dyn Store) -> anyhow::Result<Tally> {
+    let mut t = Tally::default();
+    let mut before_id = None;
+    loop {
+        let page = store
+            .list_tasks(&TaskFilter {
+                limit: 1_000,
+                before_id,
+                ..TaskFilter::default()
+            })
+            .await?;
+        for task in &page.tasks {
+            if task.state == TaskState::Succeeded {
+                t.succeeded += 1;
+                let end = task.times.end;
+                t.first_end = t.first_end.min(end).or(t.first_end).or(end);
+                t.last_end = t.last_end.max(end);
+            } else {
+                t.other += 1;
+            }
+        }
+        match page.next_before_id {
+            Some(id) => before_id = Some(id),
+            None => return Ok(t),
+        }
+    }
+}
+
+/// Waits until `expected` tasks have ended, with a progress bar on a
+/// terminal. Gives up when nothing ends for `stall`.
+pub async fn wait_drained(
+    rig: &Rig,
+    recorder: &Recorder,
+    expected: u64,
+    stall: Duration,
+) -> anyhow::Result<Instant> {
+    let bar = progress(expected, "drained");
+    let mut last = (0u64, Instant::now());
+    let mut next_check = Instant::now();
+    loop {
+        let ended = recorder.ended.load(Ordering::Relaxed);
+        bar.set_position(ended.min(expected));
+        // The feed may drop changes under load; the store has the truth.
+        if ended >= expected || Instant::now() >= next_check {
+            next_check = Instant::now() + Duration::from_millis(500);
+            if drained(rig.node.store.as_ref()).await? {
+                let at = Instant::now();
+                bar.finish_and_clear();
+                return Ok(at);
+            }
+        }
+        if ended != last.0 {
+            last = (ended, Instant::now());
+        }
+        anyhow::ensure!(
+            last.1.elapsed() < stall,
+            "no task ended for {stall:?}; {ended} of {expected} ended"
+        );
+        // Polling a condition with a stall limit.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// True when nothing is READY or in flight.
+async fn drained(store: &dyn Store) -> anyhow::Result<bool> {
+    let ready: u64 = store.ready_counts().await?.iter().map(|(_, n)| n).sum();
+    if ready > 0 {
+        return Ok(false);
+    }
+    Ok(store.in_flight(None).await?.is_empty())
+}
+
+/// A progress bar on stderr when it is a terminal, hidden otherwise.
+pub fn progress(len: u64, what: &'static str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{spinner} {msg} [{elapsed_precise}] {wide_bar} {pos}/{len} ({per_sec})",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_message(what);
+    bar
+}
+
+/// Prints `rows` as a two-column markdown table.
+pub fn print_rows(title: &str, rows: &[(String, String)]) {
+    println!("{title}");
+    let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let v = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+    println!("| {:<w$} | {:<v$} |", "figure", "value");
+    println!("| {} | {} |", "-".repeat(w), "-".repeat(v));
+    for (k, val) in rows {
+        println!("| {k:<w$} | {val:<v$} |");
+    }
+}
+
+/// The CPU rows of a report table.
+pub fn cpu_rows(c: &CpuReport) -> Vec<(String, String)> {
+    vec![
+        ("cpu window (s)".into(), format!("{:.2}", c.wall_s)),
+        ("cpu server (s)".into(), format!("{:.2}", c.server_s)),
+        ("cpu workers (s)".into(), format!("{:.2}", c.workers_s)),
+        (
+            "cpu load generator (s)".into(),
+            format!("{:.2}", c.generator_s),
+        ),
+        (
+            "cpu server+workers per task (µs)".into(),
+            format!("{:.1}", c.us_per_task),
+        ),
+        ("cores busy (of 2)".into(), format!("{:.2}", c.cores_busy)),
+    ]
+}
