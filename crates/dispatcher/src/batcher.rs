@@ -63,16 +63,45 @@ impl Batcher {
     /// Applies `event` to the task in the next batch; resolves once that
     /// batch is durable.
     pub async fn apply(&self, task_id: &str, event: Event) -> Result<TaskRecord, Error> {
+        self.enqueue(task_id, event).await.await
+    }
+
+    /// Queues `event` for the next batch (waiting only while the queue is
+    /// full) and returns a future that resolves once its batch is durable.
+    /// Events queued by one caller are applied in the order queued, so a
+    /// stream can queue an ACK and then its result without waiting for the
+    /// ACK's commit in between.
+    pub async fn enqueue(&self, task_id: &str, event: Event) -> Pending {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             task_id: task_id.to_string(),
             event,
             reply,
         };
-        if self.tx.send(job).await.is_err() {
-            return Err(Error::Unavailable("the batch writer has stopped".into()));
+        Pending {
+            rx: self.tx.send(job).await.ok().map(|()| rx),
         }
-        rx.await
-            .unwrap_or_else(|_| Err(Error::Unavailable("the batch writer has stopped".into())))
+    }
+}
+
+/// An event queued on the [`Batcher`]: resolves with the store's answer once
+/// its batch committed.
+pub struct Pending {
+    rx: Option<oneshot::Receiver<Result<TaskRecord, Error>>>,
+}
+
+impl std::future::IntoFuture for Pending {
+    type Output = Result<TaskRecord, Error>;
+    type IntoFuture =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Self::Output> + Send + 'static>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let stopped = || Error::Unavailable("the batch writer has stopped".into());
+            match self.rx {
+                Some(rx) => rx.await.unwrap_or_else(|_| Err(stopped())),
+                None => Err(stopped()),
+            }
+        })
     }
 }

@@ -100,27 +100,36 @@ impl Shared {
         event: Event,
         after: After,
     ) -> Result<TaskRecord, taskmesh_store::Error> {
-        let now = self.clock.now_millis();
-        let outcome = match &event {
-            Event::Succeed { .. } => Some(true),
-            Event::Fail { .. } => Some(false),
-            _ => None,
-        };
+        let outcome = outcome_of(&event);
         let result = self.batcher.apply(task_id, event).await;
-        if let (Some(success), Ok(task)) = (outcome, &result) {
-            self.breakers.record(&task.handler, success, now);
+        self.attempt_ended(execution_id, outcome, after, &result);
+        result
+    }
+
+    /// What follows the store's answer to an event that ends an attempt:
+    /// the breaker records the outcome, the slot is freed (whatever the
+    /// store said: a refused event means the attempt had already ended by
+    /// another path), and a task now waiting for a retry wakes the
+    /// scheduler. `outcome` is [`outcome_of`] the event.
+    pub fn attempt_ended(
+        &self,
+        execution_id: &str,
+        outcome: Option<bool>,
+        after: After,
+        result: &Result<TaskRecord, taskmesh_store::Error>,
+    ) {
+        if let (Some(success), Ok(task)) = (outcome, result) {
+            self.breakers
+                .record(&task.handler, success, self.clock.now_millis());
         }
-        // Free the slot whatever the store said: a refused event means the
-        // attempt had already ended by another path.
         if self.registry.finish_with(execution_id, after).is_some() {
             self.wake.notify_one();
         }
-        if let Ok(task) = &result
+        if let Ok(task) = result
             && matches!(task.state, TaskState::Retrying)
         {
             self.scheduler.wake();
         }
-        result
     }
 
     /// Sends a cancel for an attempt to the stream holding it, if any.
@@ -143,6 +152,16 @@ impl Shared {
             // attempt has already ended in the store.
             let _ = tx.try_send(Ok(msg));
         }
+    }
+}
+
+/// Whether `event` reports a success (`Some(true)`), a failure
+/// (`Some(false)`) or neither, for the circuit breakers.
+pub fn outcome_of(event: &Event) -> Option<bool> {
+    match event {
+        Event::Succeed { .. } => Some(true),
+        Event::Fail { .. } => Some(false),
+        _ => None,
     }
 }
 

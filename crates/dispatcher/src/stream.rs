@@ -8,7 +8,8 @@
 use std::collections::HashSet;
 use std::pin::Pin;
 
-use futures::Stream;
+use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt};
 use taskmesh::v1::{self as pb, connect_request::Message as In, connect_response::Message as Out};
 use taskmesh_coord::{WorkerEntry, WorkerLoad};
 use taskmesh_core::{Event, ReleaseReason, id, validate};
@@ -19,7 +20,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
     convert::duration,
-    engine::Shared,
+    engine::{Shared, outcome_of},
     registry::{After, Heartbeat, Registration, StreamTx},
 };
 
@@ -158,7 +159,17 @@ fn validate_registration(reg: &pb::WorkerRegistration) -> Result<(), Status> {
     Ok(())
 }
 
+/// Work waiting for a batch to commit: the receipt and the slot's release
+/// of an ACK or a result.
+type AfterCommit = Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// Reads the worker's messages until the stream ends; returns why it ended.
+///
+/// ACKs and results are queued on the batcher in the order they arrive and
+/// the loop reads on without waiting for their commit; what must follow the
+/// commit (the receipt, freeing the slot) runs as each batch lands. So one
+/// stream's events share commits instead of taking one each, and a worker
+/// still hears "recorded" only once its report is durable.
 async fn read_loop(
     shared: &Shared,
     session_id: &str,
@@ -167,18 +178,26 @@ async fn read_loop(
     mut entry: WorkerEntry,
 ) -> String {
     let silence = shared.opts.heartbeat_interval * 3;
-    loop {
-        let msg = match tokio::time::timeout(silence, inbound.message()).await {
-            Err(_) => {
-                return format!(
+    let mut committing: FuturesUnordered<AfterCommit> = FuturesUnordered::new();
+    let mut last_heard = tokio::time::Instant::now();
+    let reason = loop {
+        let message = tokio::select! {
+            biased;
+            Some(()) = committing.next(), if !committing.is_empty() => continue,
+            _ = tokio::time::sleep_until(last_heard + silence) => {
+                break format!(
                     "no message for {} ms (missed heartbeats)",
                     silence.as_millis()
                 );
             }
-            Ok(Err(status)) => return format!("stream error: {}", status.message()),
-            Ok(Ok(None)) => return "stream closed by the worker".into(),
-            Ok(Ok(Some(m))) => m,
+            m = inbound.message() => m,
         };
+        let msg = match message {
+            Err(status) => break format!("stream error: {}", status.message()),
+            Ok(None) => break "stream closed by the worker".into(),
+            Ok(Some(m)) => m,
+        };
+        last_heard = tokio::time::Instant::now();
         let now = shared.clock.now_millis();
         shared.registry.touch(session_id, now);
         match msg.message {
@@ -209,9 +228,17 @@ async fn read_loop(
                 );
                 shared.wake.notify_one();
             }
-            Some(In::Ack(ack)) => on_ack(shared, session_id, tx, ack).await,
+            Some(In::Ack(ack)) => {
+                if let Some(after) = on_ack(shared, session_id, tx, ack).await {
+                    committing.push(after);
+                }
+            }
             Some(In::Reject(rej)) => on_reject(shared, session_id, rej).await,
-            Some(In::Complete(done)) => on_complete(shared, session_id, tx, done).await,
+            Some(In::Complete(done)) => {
+                if let Some(after) = on_complete(shared, session_id, tx, done).await {
+                    committing.push(after);
+                }
+            }
             Some(In::Draining(d)) => {
                 info!(reason = %d.reason, "worker draining");
                 shared.registry.set_draining(session_id);
@@ -221,7 +248,11 @@ async fn read_loop(
             }
             None => debug!("empty message ignored"),
         }
-    }
+    };
+    // Reports already queued still get their receipts (if the stream can
+    // take them) and free their slots before the session is dropped.
+    while committing.next().await.is_some() {}
+    reason
 }
 
 fn receipt(tx: &StreamTx, task_id: &str, execution_id: &str, result: Result<(), String>) {
@@ -239,7 +270,13 @@ fn receipt(tx: &StreamTx, task_id: &str, execution_id: &str, result: Result<(), 
     }));
 }
 
-async fn on_ack(shared: &Shared, session_id: &str, tx: &StreamTx, ack: pb::TaskAck) {
+/// Queues an ACK; returns what must run once it is durable.
+async fn on_ack(
+    shared: &Shared,
+    session_id: &str,
+    tx: &StreamTx,
+    ack: pb::TaskAck,
+) -> Option<AfterCommit> {
     if !shared.registry.holds(session_id, &ack.execution_id) {
         receipt(
             tx,
@@ -253,28 +290,31 @@ async fn on_ack(shared: &Shared, session_id: &str, tx: &StreamTx, ack: pb::TaskA
             &ack.execution_id,
             "attempt no longer assigned to this worker",
         );
-        return;
+        return None;
     }
     let event = Event::Ack {
         execution_id: ack.execution_id.clone(),
     };
-    match shared.batcher.apply(&ack.task_id, event).await {
-        Ok(task) => {
-            debug!(task_id = %ack.task_id, attempt = task.attempt, execution_id = %ack.execution_id, "task running");
-            shared.scheduler.wake();
-            receipt(tx, &ack.task_id, &ack.execution_id, Ok(()));
+    let pending = shared.batcher.enqueue(&ack.task_id, event).await;
+    let (shared, tx) = (shared.clone(), tx.clone());
+    Some(Box::pin(async move {
+        match pending.await {
+            Ok(task) => {
+                debug!(task_id = %ack.task_id, attempt = task.attempt, execution_id = %ack.execution_id, "task running");
+                receipt(&tx, &ack.task_id, &ack.execution_id, Ok(()));
+            }
+            Err(err) => {
+                info!(task_id = %ack.task_id, execution_id = %ack.execution_id, error = %err, "ack refused");
+                receipt(&tx, &ack.task_id, &ack.execution_id, Err(err.to_string()));
+                shared.send_cancel(
+                    Some(tx.clone()),
+                    &ack.task_id,
+                    &ack.execution_id,
+                    "ack refused",
+                );
+            }
         }
-        Err(err) => {
-            info!(task_id = %ack.task_id, execution_id = %ack.execution_id, error = %err, "ack refused");
-            receipt(tx, &ack.task_id, &ack.execution_id, Err(err.to_string()));
-            shared.send_cancel(
-                Some(tx.clone()),
-                &ack.task_id,
-                &ack.execution_id,
-                "ack refused",
-            );
-        }
-    }
+    }))
 }
 
 async fn on_reject(shared: &Shared, session_id: &str, rej: pb::TaskReject) {
@@ -306,7 +346,13 @@ async fn on_reject(shared: &Shared, session_id: &str, rej: pb::TaskReject) {
         .await;
 }
 
-async fn on_complete(shared: &Shared, session_id: &str, tx: &StreamTx, done: pb::TaskComplete) {
+/// Queues a result; returns what must run once it is durable.
+async fn on_complete(
+    shared: &Shared,
+    session_id: &str,
+    tx: &StreamTx,
+    done: pb::TaskComplete,
+) -> Option<AfterCommit> {
     if !shared.registry.holds(session_id, &done.execution_id) {
         receipt(
             tx,
@@ -314,7 +360,7 @@ async fn on_complete(shared: &Shared, session_id: &str, tx: &StreamTx, done: pb:
             &done.execution_id,
             Err("stale attempt: this stream does not hold it".into()),
         );
-        return;
+        return None;
     }
     let event = match done.result {
         Some(pb::task_complete::Result::Success(s)) => {
@@ -338,19 +384,24 @@ async fn on_complete(shared: &Shared, session_id: &str, tx: &StreamTx, done: pb:
             jitter: rand::random::<f64>(),
         },
     };
-    match shared
-        .end_attempt(&done.task_id, &done.execution_id, event)
-        .await
-    {
-        Ok(task) => {
-            debug!(task_id = %task.id, attempt = task.attempt, execution_id = %done.execution_id, state = %task.state, "result recorded");
-            receipt(tx, &done.task_id, &done.execution_id, Ok(()));
+    let outcome = outcome_of(&event);
+    let pending = shared.batcher.enqueue(&done.task_id, event).await;
+    let (shared, tx) = (shared.clone(), tx.clone());
+    let (task_id, execution_id) = (done.task_id, done.execution_id);
+    Some(Box::pin(async move {
+        let result = pending.await;
+        shared.attempt_ended(&execution_id, outcome, After::Free, &result);
+        match result {
+            Ok(task) => {
+                debug!(task_id = %task.id, attempt = task.attempt, execution_id = %execution_id, state = %task.state, "result recorded");
+                receipt(&tx, &task_id, &execution_id, Ok(()));
+            }
+            Err(err) => {
+                info!(task_id = %task_id, execution_id = %execution_id, error = %err, "result refused");
+                receipt(&tx, &task_id, &execution_id, Err(err.to_string()));
+            }
         }
-        Err(err) => {
-            info!(task_id = %done.task_id, execution_id = %done.execution_id, error = %err, "result refused");
-            receipt(tx, &done.task_id, &done.execution_id, Err(err.to_string()));
-        }
-    }
+    }))
 }
 
 /// Takes back the in-flight attempts of `worker_id` that no stream of this

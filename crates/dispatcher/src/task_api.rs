@@ -152,6 +152,25 @@ pub(crate) fn retry_policy(p: Option<pb::RetryPolicy>) -> Result<RetryPolicy, Er
     Ok(out)
 }
 
+/// The caller's W3C `traceparent` (gRPC metadata; the REST gateway forwards
+/// the HTTP header as metadata), or empty when absent or malformed.
+fn traceparent_of(meta: &tonic::metadata::MetadataMap) -> String {
+    meta.get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.len() <= 128)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A refused entry of a batch submit.
+fn refused(status: Status) -> pb::SubmitTasksResult {
+    pb::SubmitTasksResult {
+        accepted: None,
+        error_code: status.code() as i32,
+        error_message: status.message().to_string(),
+    }
+}
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchTaskResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -160,13 +179,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::SubmitTaskRequest>,
     ) -> Result<Response<pb::SubmitTaskResponse>, Status> {
-        let traceparent = request
-            .metadata()
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| v.len() <= 128)
-            .unwrap_or_default()
-            .to_string();
+        let traceparent = traceparent_of(request.metadata());
         let now = self.shared.clock.now_millis();
         let (task, fp_run_at) = new_task(&self.shared, request.into_inner(), traceparent, now)?;
         let fingerprint = task.request_fingerprint(fp_run_at);
@@ -393,7 +406,8 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::SubmitTasksRequest>,
     ) -> Result<Response<pb::SubmitTasksResponse>, Status> {
-        let (meta, _, req) = request.into_parts();
+        let traceparent = traceparent_of(request.metadata());
+        let req = request.into_inner();
         if req.tasks.is_empty() || req.tasks.len() > 10_000 {
             return Err(invalid(format!(
                 "tasks must hold 1 to 10000 entries, got {}",
@@ -401,23 +415,67 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             ))
             .into());
         }
-        let mut results = Vec::with_capacity(req.tasks.len());
-        for task in req.tasks {
-            let one = Request::from_parts(meta.clone(), Default::default(), task);
-            results.push(match self.submit_task(one).await {
-                Ok(resp) => pb::SubmitTasksResult {
-                    accepted: Some(resp.into_inner()),
-                    error_code: 0,
-                    error_message: String::new(),
-                },
-                Err(status) => pb::SubmitTasksResult {
-                    accepted: None,
-                    error_code: status.code() as i32,
-                    error_message: status.message().to_string(),
-                },
-            });
+        // Every entry is validated on its own; the valid ones are written
+        // together, in one store transaction (one commit for the batch).
+        let now = self.shared.clock.now_millis();
+        let mut results: Vec<Option<pb::SubmitTasksResult>> = Vec::with_capacity(req.tasks.len());
+        let mut valid = Vec::new();
+        let mut slots = Vec::new();
+        for (i, task) in req.tasks.into_iter().enumerate() {
+            match new_task(&self.shared, task, traceparent.clone(), now) {
+                Ok((task, fp_run_at)) => {
+                    let fingerprint = task.request_fingerprint(fp_run_at);
+                    valid.push((task, fingerprint));
+                    slots.push(i);
+                    results.push(None);
+                }
+                Err(err) => results.push(Some(refused(Status::from(err)))),
+            }
         }
-        Ok(Response::new(pb::SubmitTasksResponse { results }))
+        if !valid.is_empty() {
+            let created = self
+                .shared
+                .store
+                .create_tasks(valid, now)
+                .await
+                .map_err(Error::from)?;
+            let (mut ready, mut later) = (false, false);
+            for (i, outcome) in slots.into_iter().zip(created) {
+                results[i] = Some(match outcome {
+                    Ok(c) => {
+                        if !c.existing {
+                            debug!(task_id = %c.task.id, handler = %c.task.handler, state = %c.task.state, "task submitted");
+                            match c.task.state {
+                                TaskState::Ready => ready = true,
+                                _ => later = true,
+                            }
+                        }
+                        pb::SubmitTasksResult {
+                            accepted: Some(pb::SubmitTaskResponse {
+                                task_id: c.task.id.clone(),
+                                task: Some(task_to_pb(&c.task)),
+                                existing: c.existing,
+                            }),
+                            error_code: 0,
+                            error_message: String::new(),
+                        }
+                    }
+                    Err(err) => refused(Status::from(Error::from(err))),
+                });
+            }
+            if ready {
+                self.shared.wake.notify_one();
+            }
+            if later {
+                self.shared.scheduler.wake();
+            }
+        }
+        Ok(Response::new(pb::SubmitTasksResponse {
+            results: results
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|| refused(Status::internal("entry left unanswered"))))
+                .collect(),
+        }))
     }
 
     async fn create_schedule(

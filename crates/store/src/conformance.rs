@@ -51,6 +51,8 @@ macro_rules! store_conformance_suite {
         $crate::store_conformance_suite!(@each $fixture;
             create_get_round_trip,
             idempotent_create,
+            create_tasks_batch,
+            create_tasks_many,
             concurrent_idempotent_creates,
             list_filters_and_paging,
             full_life_records_attempts,
@@ -209,6 +211,7 @@ fn all_filter(limit: u32) -> TaskFilter {
     }
 }
 
+mod batch_create;
 mod batch_watch;
 mod callbacks;
 mod claims;
@@ -219,6 +222,7 @@ mod lifecycle;
 mod schedules;
 mod scheduling;
 
+pub use batch_create::{create_tasks_batch, create_tasks_many};
 pub use batch_watch::{
     subscribe_sees_changes, survives_reopen, transition_many_isolates_a_refused_write,
     transition_many_mixed,

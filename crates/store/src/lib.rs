@@ -222,6 +222,18 @@ pub trait Store: Send + Sync + 'static {
         now: UnixMillis,
     ) -> Result<Created>;
 
+    /// Creates many tasks in one transaction (one commit for the batch).
+    /// Each entry is answered as [`Store::create_task`] would answer it
+    /// alone — the same idempotency rules, entries sharing a
+    /// `client_request_id` included, in input order — and an entry that fails
+    /// does not stop the others. The outer error is for the batch as a whole
+    /// (the store is unavailable); nothing is written then.
+    async fn create_tasks(
+        &self,
+        tasks: Vec<(NewTask, String)>,
+        now: UnixMillis,
+    ) -> Result<Vec<Result<Created>>>;
+
     /// One task with its attempts, oldest first.
     async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>>;
 

@@ -37,6 +37,7 @@ use crate::{Error, Result, ScheduleChange, TaskChange};
 mod batch;
 mod callbacks;
 mod claims;
+mod create;
 mod notify;
 mod outbox;
 mod schedules;

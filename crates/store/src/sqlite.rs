@@ -36,6 +36,7 @@ macro_rules! task_columns {
     };
 }
 
+mod batch;
 mod rows;
 mod schedules;
 mod store_impl;

@@ -282,7 +282,9 @@ impl Session<'_> {
             return self.reject(&a, RejectReason::Busy, &message).await;
         };
         self.ack(&a).await?;
-        info!(
+        // Per-task lines stay at debug: at thousands of tasks a second an
+        // info line each would cost more than running them.
+        debug!(
             worker_id,
             task_id,
             attempt,

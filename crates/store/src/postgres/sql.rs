@@ -231,3 +231,7 @@ pub(super) const FENCE_TOKEN: &str = "SELECT token FROM fences WHERE name = 'lea
 
 /// Sends notification payloads (on their own, after the commits).
 pub(super) const NOTIFY: &str = "SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p";
+
+/// The `tasks` columns of an insert, in [`INSERT_TASK`]'s order (for
+/// multi-row inserts built elsewhere).
+pub(super) const INSERT_COLUMNS: &str = insert_columns!();

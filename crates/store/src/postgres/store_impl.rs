@@ -120,6 +120,14 @@ impl Store for PostgresStore {
         )))
     }
 
+    async fn create_tasks(
+        &self,
+        tasks: Vec<(NewTask, String)>,
+        now: UnixMillis,
+    ) -> Result<Vec<Result<Created>>> {
+        self.create_many(tasks, now).await
+    }
+
     async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>> {
         // One statement, so the row and its attempts are one snapshot.
         let row = sqlx::query(sql::GET_TASK)

@@ -2,15 +2,20 @@
 //! the single writer connection, reads on the reader pool, and a
 //! [`TaskChange`] published for every task row written once it committed.
 
+use std::collections::{HashMap, HashSet};
+
 use async_trait::async_trait;
-use sqlx::{AssertSqlSafe, Sqlite, Transaction};
-use taskmesh_core::{CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, UnixMillis};
+use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection, Transaction};
+use taskmesh_core::{
+    CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, Transition, UnixMillis,
+};
 use tokio::sync::broadcast;
 
 use super::SqliteStore;
 use super::rows::{callback_from_row, task_from_row};
-use super::tx;
+use super::{batch, tx};
 use crate::error::is_unique_violation;
+use crate::existing_or_taken;
 use crate::{
     Chooser, Created, Error, FireCommit, FireCommitted, Result, ScheduleChange, Store, TaskChange,
     TaskFilter, TaskPage,
@@ -150,6 +155,28 @@ impl Store for SqliteStore {
         })
     }
 
+    async fn create_tasks(
+        &self,
+        tasks: Vec<(NewTask, String)>,
+        now: UnixMillis,
+    ) -> Result<Vec<Result<Created>>> {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin_write().await?;
+        let results = create_in_tx(&mut tx, tasks, now).await?;
+        tx.commit().await?;
+        let created: Vec<&TaskRecord> = results
+            .iter()
+            .flatten()
+            .filter(|c| !c.existing)
+            .map(|c| &c.task)
+            .collect();
+        tracing::debug!(created = created.len(), "tasks created");
+        self.publish(created.into_iter().map(change_of));
+        Ok(results)
+    }
+
     async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>> {
         // One read transaction, so the row and its attempts are one snapshot.
         let mut rtx = self.reader.begin().await?;
@@ -218,19 +245,20 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Result<TaskRecord>>> {
         let mut tx = self.begin_write().await?;
         tx::check_fence(&mut tx, fence).await?;
-        let mut results = Vec::with_capacity(events.len());
-        for (id, event) in events {
-            // A savepoint per event: an event failing half-way (say, on
-            // its attempts row) leaves nothing behind, and the others go on.
-            let mut sp = sqlx::Connection::begin(&mut *tx).await?;
-            let result = tx::transition_one(&mut sp, id, event, now).await;
-            if result.is_ok() {
+        // The batched path first, inside a savepoint; should any statement
+        // of it fail, it leaves nothing and the events go one by one.
+        let mut sp = sqlx::Connection::begin(&mut *tx).await?;
+        let results = match transition_batch(&mut sp, events, now).await {
+            Ok(results) => {
                 sp.commit().await?;
-            } else {
-                sp.rollback().await?;
+                results
             }
-            results.push(result);
-        }
+            Err(err) => {
+                sp.rollback().await?;
+                tracing::debug!(error = %err, "batched transitions failed; one by one");
+                transition_each(&mut tx, events, now).await?
+            }
+        };
         tx.commit().await?;
         self.publish(results.iter().flatten().map(change_of));
         Ok(results)
@@ -252,12 +280,15 @@ impl Store for SqliteStore {
             .bind(sql_limit(crate::claim_scan(limit)))
             .fetch_all(&mut *tx)
             .await?;
-        let candidates = rows.iter().map(task_from_row).collect::<Result<Vec<_>>>()?;
-        let mut claimed = Vec::new();
-        for task in candidates {
-            if claimed.len() == limit {
+        // Rows are decoded only as far as the claim goes: most claims stop
+        // long before the end of the scan.
+        let mut transitions = Vec::new();
+        let mut expected = Vec::new();
+        for row in &rows {
+            if transitions.len() == limit {
                 break;
             }
+            let task = task_from_row(row)?;
             let Some(claim) = chooser(&task) else {
                 continue;
             };
@@ -266,20 +297,31 @@ impl Store for SqliteStore {
                 worker_id: claim.worker_id,
                 ack_deadline: claim.ack_deadline,
             };
-            let mut transition = match taskmesh_core::apply(&task, &event, now) {
-                Ok(t) => t,
+            match taskmesh_core::apply(&task, &event, now) {
+                Ok(t) => {
+                    expected.push(task.version);
+                    transitions.push(t);
+                }
                 Err(err) => {
                     tracing::warn!(task_id = %task.id, error = %err, "READY task refused dispatch");
-                    continue;
                 }
-            };
-            // The single writer connection means the CAS cannot miss here;
-            // it stays so the invariant holds for every write.
-            if tx::write_transition(&mut tx, task.version, &mut transition).await? {
-                claimed.push(transition.task);
             }
         }
+        let writes: Vec<batch::Write<'_>> = transitions
+            .iter()
+            .zip(&expected)
+            .map(|(t, v)| batch::Write::of(*v, t))
+            .collect();
+        // The single writer connection means the CAS cannot miss here; it
+        // stays so the invariant holds for every write.
+        let written = batch::write(&mut tx, &writes).await?;
+        drop(writes);
         tx.commit().await?;
+        let claimed: Vec<TaskRecord> = transitions
+            .into_iter()
+            .zip(written)
+            .filter_map(|(t, ok)| ok.then_some(t.task))
+            .collect();
         self.publish(claimed.iter().map(change_of));
         Ok(claimed)
     }
@@ -488,4 +530,193 @@ impl Store for SqliteStore {
     fn subscribe_schedules(&self) -> broadcast::Receiver<ScheduleChange> {
         self.schedule_changes.subscribe()
     }
+}
+
+/// [`Store::create_tasks`] inside the caller's write transaction.
+async fn create_in_tx(
+    conn: &mut SqliteConnection,
+    tasks: Vec<(NewTask, String)>,
+    now: UnixMillis,
+) -> Result<Vec<Result<Created>>> {
+    // Stored holders of the idempotency keys asked for, in one read.
+    let crids: Vec<&str> = tasks
+        .iter()
+        .filter_map(|(t, _)| t.client_request_id.as_deref())
+        .collect();
+    let mut holders: HashMap<String, (TaskRecord, String)> = HashMap::new();
+    for crid in crids {
+        if holders.contains_key(crid) {
+            continue;
+        }
+        if let Some(found) = tx::find_by_request_id(conn, crid).await? {
+            holders.insert(crid.to_string(), found);
+        }
+    }
+    // Decide every entry first; the new rows then go in a few statements.
+    let mut answers: Vec<Option<Result<Created>>> = Vec::with_capacity(tasks.len());
+    let mut fresh: Vec<(usize, TaskRecord, String)> = Vec::new();
+    for (i, (task, fingerprint)) in tasks.into_iter().enumerate() {
+        if let Some(crid) = &task.client_request_id
+            && let Some((stored, stored_fp)) = holders.get(crid)
+        {
+            answers.push(Some(existing_or_taken(
+                stored.clone(),
+                stored_fp,
+                &fingerprint,
+            )));
+            continue;
+        }
+        let record = task.into_record(now);
+        if let Some(crid) = &record.client_request_id {
+            // A later entry of this batch with the same key sees this one.
+            holders.insert(crid.clone(), (record.clone(), fingerprint.clone()));
+        }
+        answers.push(None);
+        fresh.push((i, record, fingerprint));
+    }
+    let rows: Vec<(&TaskRecord, &str)> = fresh.iter().map(|(_, t, f)| (t, f.as_str())).collect();
+    let mut sp = sqlx::Connection::begin(&mut *conn).await?;
+    match batch::insert_tasks(&mut sp, &rows).await? {
+        Ok(()) => {
+            sp.commit().await?;
+            for (i, task, _) in fresh {
+                answers[i] = Some(Ok(Created {
+                    task,
+                    existing: false,
+                }));
+            }
+        }
+        Err(err) => {
+            // Some row is refused (an id already taken): insert one by one
+            // so only that entry fails.
+            sp.rollback().await?;
+            tracing::debug!(error = %err, "batched insert failed; one by one");
+            for (i, task, fingerprint) in fresh {
+                answers[i] = Some(match tx::insert_task(conn, &task, &fingerprint).await? {
+                    Ok(()) => Ok(Created {
+                        task,
+                        existing: false,
+                    }),
+                    Err(err) if is_unique_violation(&err) => Err(Error::AlreadyExists(format!(
+                        "task {} already exists",
+                        task.id
+                    ))),
+                    Err(err) => Err(err.into()),
+                });
+            }
+        }
+    }
+    Ok(answers
+        .into_iter()
+        .map(|a| a.unwrap_or_else(|| Err(Error::Internal("entry left unanswered".into()))))
+        .collect())
+}
+
+/// [`Store::transition_many`] in a few statements: read every task once,
+/// apply the events in order in memory, write each task once with a
+/// compare-and-set on the version read. Tasks whose compare-and-set missed
+/// (another process wrote meanwhile) go through [`tx::transition_one`].
+async fn transition_batch(
+    conn: &mut SqliteConnection,
+    events: &[(String, Event)],
+    now: UnixMillis,
+) -> Result<Vec<Result<TaskRecord>>> {
+    let ids: Vec<&str> = {
+        let mut seen = HashSet::new();
+        events
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .filter(|id| seen.insert(*id))
+            .collect()
+    };
+    let mut loaded = batch::load_tasks(conn, &ids).await?;
+    // Per task: the record as read and its transitions in order, each with
+    // the index of its event (the last one is the task as the events leave
+    // it).
+    let mut state: HashMap<&str, (TaskRecord, Vec<(usize, Transition)>)> = ids
+        .iter()
+        .filter_map(|id| Some((*id, (loaded.remove(*id)?, Vec::new()))))
+        .collect();
+    let mut results: Vec<Result<TaskRecord>> = Vec::with_capacity(events.len());
+    for (i, (id, event)) in events.iter().enumerate() {
+        let Some((read, done)) = state.get_mut(id.as_str()) else {
+            results.push(Err(Error::NotFound(id.clone())));
+            continue;
+        };
+        let current = done.last().map_or(&*read, |t| &t.1.task);
+        match taskmesh_core::apply(current, event, now) {
+            Ok(t) => {
+                results.push(Ok(t.task.clone()));
+                done.push((i, t));
+            }
+            Err(err) => results.push(Err(err.into())),
+        }
+    }
+    let order: Vec<&str> = ids
+        .iter()
+        .copied()
+        .filter(|id| state.get(id).is_some_and(|s| !s.1.is_empty()))
+        .collect();
+    let writes: Vec<batch::Write<'_>> = order
+        .iter()
+        .filter_map(|id| {
+            let (read, done) = &state[id];
+            Some(batch::Write {
+                expected_version: read.version,
+                task: &done.last()?.1.task,
+                attempts: done.iter().map(|t| &t.1.attempt).collect(),
+            })
+        })
+        .collect();
+    let written = batch::write(conn, &writes).await?;
+    drop(writes);
+    // A task that has just ended with a callback URL gets its outbox entry
+    // in the same transaction; the event that ended it reports it.
+    for (id, ok) in order.iter().zip(&written) {
+        let Some((i, last)) = state.get(id).and_then(|s| s.1.last()).filter(|_| *ok) else {
+            continue;
+        };
+        if last.task.wants_callback() {
+            let entry = tx::insert_callback(conn, &last.task).await?;
+            if let Some(Ok(task)) = results.get_mut(*i) {
+                task.callback = Some(entry);
+            }
+        }
+    }
+    let missed: HashSet<&str> = order
+        .iter()
+        .zip(&written)
+        .filter_map(|(id, ok)| (!ok).then_some(*id))
+        .collect();
+    if !missed.is_empty() {
+        // Re-read and re-apply those tasks' events one by one.
+        for (i, (id, event)) in events.iter().enumerate() {
+            if missed.contains(id.as_str()) {
+                results[i] = tx::transition_one(conn, id, event, now).await;
+            }
+        }
+    }
+    Ok(results)
+}
+
+/// [`Store::transition_many`] one event at a time, each in a savepoint: an
+/// event failing half-way (say, on its attempts row) leaves nothing behind,
+/// and the others go on.
+async fn transition_each(
+    conn: &mut SqliteConnection,
+    events: &[(String, Event)],
+    now: UnixMillis,
+) -> Result<Vec<Result<TaskRecord>>> {
+    let mut results = Vec::with_capacity(events.len());
+    for (id, event) in events {
+        let mut sp = sqlx::Connection::begin(&mut *conn).await?;
+        let result = tx::transition_one(&mut sp, id, event, now).await;
+        if result.is_ok() {
+            sp.commit().await?;
+        } else {
+            sp.rollback().await?;
+        }
+        results.push(result);
+    }
+    Ok(results)
 }

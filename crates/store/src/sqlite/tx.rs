@@ -125,7 +125,7 @@ pub(super) async fn load_callbacks(
 }
 
 /// Queues the callback of a task that has just ended.
-async fn insert_callback(
+pub(super) async fn insert_callback(
     conn: &mut SqliteConnection,
     task: &TaskRecord,
 ) -> Result<CallbackDelivery> {
