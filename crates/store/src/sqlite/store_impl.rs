@@ -34,7 +34,7 @@ pub(super) const CLAIM_SQL: &str = concat!(
     "SELECT ",
     task_columns!(),
     " FROM tasks WHERE state = 'READY' AND handler = ? \
-     ORDER BY priority DESC, id ASC LIMIT ?"
+     ORDER BY priority DESC, id ASC LIMIT ? OFFSET ?"
 );
 /// Tasks whose `next_at` has passed: `tasks_next_at`, in its order. The
 /// state filter is only a guard (core clears `next_at` in other states); its
@@ -275,36 +275,50 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         let mut tx = self.begin_write().await?;
-        let rows = sqlx::query(CLAIM_SQL)
-            .bind(handler)
-            .bind(sql_limit(crate::claim_scan(limit)))
-            .fetch_all(&mut *tx)
-            .await?;
-        // Rows are decoded only as far as the claim goes: most claims stop
-        // long before the end of the scan.
+        // First exactly `limit` candidates: usually every one of them finds
+        // a stream. Only when some did not (their labels match no stream
+        // with room) does the scan go on, up to `claim_scan(limit)` rows in
+        // all. Reading the whole scan up front cost more than the claim
+        // itself: every column of every row is copied out of SQLite.
         let mut transitions = Vec::new();
         let mut expected = Vec::new();
-        for row in &rows {
-            if transitions.len() == limit {
-                break;
+        let scan = crate::claim_scan(limit);
+        let mut offset = 0usize;
+        while offset < scan && transitions.len() < limit {
+            let want = if offset == 0 { limit } else { scan - offset };
+            let rows = sqlx::query(CLAIM_SQL)
+                .bind(handler)
+                .bind(sql_limit(want))
+                .bind(sql_limit(offset))
+                .fetch_all(&mut *tx)
+                .await?;
+            offset += want;
+            let exhausted = rows.len() < want;
+            for row in &rows {
+                if transitions.len() == limit {
+                    break;
+                }
+                let task = task_from_row(row)?;
+                let Some(claim) = chooser(&task) else {
+                    continue;
+                };
+                let event = Event::Dispatch {
+                    execution_id: claim.execution_id,
+                    worker_id: claim.worker_id,
+                    ack_deadline: claim.ack_deadline,
+                };
+                match taskmesh_core::apply(&task, &event, now) {
+                    Ok(t) => {
+                        expected.push(task.version);
+                        transitions.push(t);
+                    }
+                    Err(err) => {
+                        tracing::warn!(task_id = %task.id, error = %err, "READY task refused dispatch");
+                    }
+                }
             }
-            let task = task_from_row(row)?;
-            let Some(claim) = chooser(&task) else {
-                continue;
-            };
-            let event = Event::Dispatch {
-                execution_id: claim.execution_id,
-                worker_id: claim.worker_id,
-                ack_deadline: claim.ack_deadline,
-            };
-            match taskmesh_core::apply(&task, &event, now) {
-                Ok(t) => {
-                    expected.push(task.version);
-                    transitions.push(t);
-                }
-                Err(err) => {
-                    tracing::warn!(task_id = %task.id, error = %err, "READY task refused dispatch");
-                }
+            if exhausted {
+                break;
             }
         }
         let writes: Vec<batch::Write<'_>> = transitions

@@ -74,7 +74,7 @@ async fn queries_use_their_indexes() {
     let cases: [(&str, String, usize); 8] = [
         ("callbacks_due", CLAIM_CALLBACKS_SQL.into(), 2),
         ("callbacks_due", NEXT_CALLBACK_SQL.into(), 0),
-        ("tasks_ready_claim", CLAIM_SQL.into(), 2),
+        ("tasks_ready_claim", CLAIM_SQL.into(), 3),
         ("tasks_next_at", DUE_SQL.into(), 2),
         ("tasks_next_at", NEXT_DUE_SQL.into(), 0),
         ("tasks_ready_claim", READY_COUNTS_SQL.into(), 0),
