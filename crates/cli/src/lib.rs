@@ -7,3 +7,4 @@
 
 pub mod env;
 pub mod node;
+pub mod telemetry;

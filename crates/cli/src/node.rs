@@ -16,7 +16,7 @@ use taskmesh_dispatcher::{DispatchStats, Dispatcher, DispatcherOptions};
 use taskmesh_gateway::{Gateway, GatewayOptions, Readiness};
 use taskmesh_scheduler::{Scheduler, SchedulerOptions};
 use taskmesh_store::{
-    PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, Store, StoreClock,
+    Metered, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, Store, StoreClock,
 };
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -145,7 +145,7 @@ async fn coordinator(
             .await
             .with_context(|| format!("connecting to Redis at {}", redis.url))?;
         coord.set_token_floor_source(Arc::new(StoreFloor(store)));
-        return Ok(Arc::new(coord));
+        return Ok(Arc::new(taskmesh_coord::Metered::new(coord, "redis")));
     }
     let local = LocalCoordinator::with_clock(node_id, clock);
     // Tokens must keep rising across restarts: the store refuses leader
@@ -156,7 +156,7 @@ async fn coordinator(
             .await
             .context("reading the fencing token")?,
     );
-    Ok(Arc::new(local))
+    Ok(Arc::new(taskmesh_coord::Metered::new(local, "local")))
 }
 
 fn hostname() -> String {
@@ -210,13 +210,15 @@ impl RunningNode {
 /// Starts a node: opens the store, recovers orphaned attempts, then serves.
 pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     opts.validate()?;
+    // Before any component records a figure.
+    let metrics = crate::telemetry::prometheus();
     let (store, clock): (Arc<dyn Store>, Arc<dyn Clock>) = match &opts.database_url {
         Some(url) => {
-            let store: Arc<dyn Store> = Arc::new(
+            let store: Arc<dyn Store> = Arc::new(Metered::new(
                 PostgresStore::connect(PostgresOptions::new(url.clone()))
                     .await
                     .context("connecting to Postgres")?,
-            );
+            ));
             // Due-ness by the database's clock: a replica on a skewed host
             // still fires nothing early.
             let clock =
@@ -227,11 +229,11 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         }
         None => {
             let db = opts.data_dir.join("taskmesh.db");
-            let store: Arc<dyn Store> = Arc::new(
+            let store: Arc<dyn Store> = Arc::new(Metered::new(
                 SqliteStore::open(SqliteOptions::new(db.clone()))
                     .await
                     .with_context(|| format!("opening the SQLite store at {}", db.display()))?,
-            );
+            ));
             (store, Arc::new(SystemClock))
         }
     };
@@ -279,7 +281,8 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         },
         readiness(store.clone(), coord.clone()),
     )
-    .context("building the REST gateway")?;
+    .context("building the REST gateway")?
+    .with_routes(axum::Router::new().route("/metrics", axum::routing::get(metrics_route)));
     let deliverer = Deliverer::build(opts.callbacks.clone(), store.clone(), clock.clone())
         .context("building the callback deliverer")?;
 
@@ -299,6 +302,20 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         }
     }));
     tasks.push(tokio::spawn(deliverer.run(shutdown.child_token())));
+    if let Some(handle) = metrics {
+        // Folds recorded histogram samples into their buckets between
+        // scrapes, so memory stays bounded when nobody scrapes.
+        let token = shutdown.child_token();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tick.tick() => handle.run_upkeep(),
+                }
+            }
+        }));
+    }
     if let Some(slots) = opts.with_worker {
         tasks.push(tokio::spawn(local_worker(
             grpc_addr,
@@ -328,6 +345,27 @@ fn loopback(addr: SocketAddr) -> SocketAddr {
             (std::net::Ipv6Addr::LOCALHOST, addr.port()).into()
         }
         _ => addr,
+    }
+}
+
+/// `GET /metrics`: the Prometheus text exposition format.
+async fn metrics_route() -> (
+    axum::http::StatusCode,
+    [(axum::http::HeaderName, &'static str); 1],
+    String,
+) {
+    use axum::http::{StatusCode, header::CONTENT_TYPE};
+    match crate::telemetry::render() {
+        Some(text) => (
+            StatusCode::OK,
+            [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            text,
+        ),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "metrics are disabled: another recorder was installed in this process\n".into(),
+        ),
     }
 }
 

@@ -14,6 +14,7 @@
 
 pub mod conformance;
 mod local;
+pub mod metered;
 mod redis;
 
 use std::collections::BTreeMap;
@@ -23,6 +24,7 @@ use async_trait::async_trait;
 use taskmesh_core::{ErrorCode, UnixMillis};
 
 pub use self::local::LocalCoordinator;
+pub use self::metered::Metered;
 pub use self::redis::{RedisCoordinator, RedisOptions, TokenFloor};
 
 /// Result of coordinator operations.

@@ -14,7 +14,7 @@ use taskmesh::v1 as pb;
 use taskmesh_coord::Coordinator;
 use taskmesh_core::breaker::Breakers;
 use taskmesh_core::{Clock, Event, ReleaseReason, TaskRecord, TaskState, id};
-use taskmesh_scheduler::{Reaped, SchedulerHandle};
+use taskmesh_scheduler::{Reaped, SchedulerHandle, meters};
 use taskmesh_store::{Claim, Store};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -119,8 +119,9 @@ impl Shared {
         result: &Result<TaskRecord, taskmesh_store::Error>,
     ) {
         if let (Some(success), Ok(task)) = (outcome, result) {
-            self.breakers
-                .record(&task.handler, success, self.clock.now_millis());
+            let now = self.clock.now_millis();
+            self.breakers.record(&task.handler, success, now);
+            meters::attempt_ended(task, now);
         }
         if self.registry.finish_with(execution_id, after).is_some() {
             self.wake.notify_one();
@@ -348,6 +349,7 @@ async fn push(shared: &Shared, task: TaskRecord) {
     };
     match tx.try_send(Ok(msg)) {
         Ok(()) => {
+            meters::dispatched(&task, shared.clock.now_millis());
             debug!(task_id = %task.id, attempt = task.attempt, execution_id = %execution_id, worker_id = %worker_id, "task pushed");
         }
         Err(_) => {

@@ -10,6 +10,7 @@ mod batcher;
 pub mod convert;
 mod engine;
 mod error;
+mod gauges;
 mod health;
 pub mod layers;
 mod registry;
@@ -63,6 +64,8 @@ pub struct DispatcherOptions {
     pub health_interval: Duration,
     /// Which balancer strategy serves which handler.
     pub balancer: BalancerOptions,
+    /// How often the queue-depth and worker gauges are refreshed.
+    pub gauge_interval: Duration,
 }
 
 impl Default for DispatcherOptions {
@@ -77,6 +80,7 @@ impl Default for DispatcherOptions {
             claim_batch: 256,
             health_interval: Duration::from_secs(2),
             balancer: BalancerOptions::default(),
+            gauge_interval: Duration::from_secs(2),
         }
     }
 }
@@ -151,6 +155,12 @@ impl Dispatcher {
         self.shared.stats.clone()
     }
 
+    /// Refreshes the queue-depth and worker gauges now (the node does it
+    /// every `gauge_interval`).
+    pub async fn refresh_gauges(shared: &Shared) {
+        gauges::refresh(shared, &mut Default::default(), &mut Default::default()).await;
+    }
+
     /// The shared state (for in-process callers such as the REST gateway).
     pub fn shared(&self) -> &Shared {
         &self.shared
@@ -182,6 +192,11 @@ impl Dispatcher {
         health.probe().await;
         let health_task = tokio::spawn(health.run(shutdown.clone()));
         let engine = tokio::spawn(engine::run(shared.clone(), reaped, shutdown.clone()));
+        let gauges = tokio::spawn(gauges::run(
+            shared.clone(),
+            opts.gauge_interval,
+            shutdown.clone(),
+        ));
 
         let max = opts.max_message_bytes;
         let task_api = TaskApiServer::new(TaskApiService::new(shared.clone()))
@@ -228,6 +243,9 @@ impl Dispatcher {
             .await;
         if let Err(err) = engine.await {
             warn!(error = %err, "dispatch engine ended abnormally");
+        }
+        if let Err(err) = gauges.await {
+            warn!(error = %err, "gauge refresher ended abnormally");
         }
         if let Err(err) = health_task.await {
             warn!(error = %err, "health watch ended abnormally");

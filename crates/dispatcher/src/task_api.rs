@@ -1,7 +1,7 @@
 //! `TaskApi`: what callers use to submit, inspect, cancel and watch tasks.
 //! Every request is validated here before anything is written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 
 use futures::Stream;
@@ -9,6 +9,7 @@ use taskmesh::v1 as pb;
 use taskmesh_core::{
     Event, NewTask, RetryPolicy, Strategy, TaskState, UnixMillis, id, task, validate,
 };
+use taskmesh_scheduler::meters;
 use taskmesh_store::TaskFilter;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -192,6 +193,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         let t = &created.task;
         if !created.existing {
             debug!(task_id = %t.id, handler = %t.handler, state = %t.state, "task submitted");
+            meters::submitted(&t.handler, 1);
             match t.state {
                 TaskState::Ready => self.shared.wake.notify_one(),
                 _ => self.shared.scheduler.wake(),
@@ -440,11 +442,13 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                 .await
                 .map_err(Error::from)?;
             let (mut ready, mut later) = (false, false);
+            let mut per_handler: HashMap<String, u64> = HashMap::new();
             for (i, outcome) in slots.into_iter().zip(created) {
                 results[i] = Some(match outcome {
                     Ok(c) => {
                         if !c.existing {
                             debug!(task_id = %c.task.id, handler = %c.task.handler, state = %c.task.state, "task submitted");
+                            *per_handler.entry(c.task.handler.clone()).or_default() += 1;
                             match c.task.state {
                                 TaskState::Ready => ready = true,
                                 _ => later = true,
@@ -462,6 +466,9 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                     }
                     Err(err) => refused(Status::from(Error::from(err))),
                 });
+            }
+            for (handler, n) in per_handler {
+                meters::submitted(&handler, n);
             }
             if ready {
                 self.shared.wake.notify_one();

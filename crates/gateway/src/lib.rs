@@ -83,6 +83,8 @@ struct Shared {
 /// A built gateway, ready to serve.
 pub struct Gateway {
     shared: Arc<Shared>,
+    /// Routes the embedding program adds (the node's `/metrics`).
+    extra: Router,
 }
 
 impl Gateway {
@@ -103,11 +105,19 @@ impl Gateway {
                 openapi: Arc::new(openapi),
                 shutdown: CancellationToken::new(),
             }),
+            extra: Router::new(),
         })
     }
 
-    /// The HTTP application: `/healthz`, `/readyz`, `/openapi.json` and every
-    /// transcoded route.
+    /// Serves `extra`'s routes beside the gateway's own (they go through the
+    /// same tracing and panic layers). Its paths must not clash with them.
+    pub fn with_routes(mut self, extra: Router) -> Self {
+        self.extra = self.extra.merge(extra);
+        self
+    }
+
+    /// The HTTP application: `/healthz`, `/readyz`, `/openapi.json`, every
+    /// transcoded route and the routes added by [`Gateway::with_routes`].
     pub fn router(&self) -> Router {
         let openapi = self.shared.openapi.clone();
         Router::new()
@@ -131,6 +141,7 @@ impl Gateway {
             .method_not_allowed_fallback(handler::method_not_allowed)
             .fallback(handler::transcode)
             .with_state(self.shared.clone())
+            .merge(self.extra.clone())
             // The stack, outermost first. A span per request, so everything
             // below logs inside it; then panics become a 500 (a bug must
             // never drop the connection without an answer). No concurrency

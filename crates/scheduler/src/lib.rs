@@ -13,6 +13,7 @@
 
 pub mod engine;
 mod fire;
+pub mod meters;
 mod orphans;
 mod round;
 
@@ -216,12 +217,13 @@ impl Scheduler {
     /// One round at the clock's now, if this node holds the lease. Returns
     /// true when a batch was full (more is due: run again at once).
     pub async fn round(&self) -> Result<bool, String> {
-        let Some(lease) = self
-            .coord
-            .acquire_or_renew()
-            .await
-            .map_err(|e| e.to_string())?
-        else {
+        let lease = self.coord.acquire_or_renew().await;
+        metrics::gauge!(meters::LEADER).set(if matches!(lease, Ok(Some(_))) {
+            1.0
+        } else {
+            0.0
+        });
+        let Some(lease) = lease.map_err(|e| e.to_string())? else {
             return Ok(false);
         };
         let now = self.clock.now_millis();

@@ -63,6 +63,7 @@ impl Scheduler {
                 }
                 (Ok(after), Event::TimeOut { execution_id, .. }) => {
                     info!(task_id = %task_id, attempt = task.attempt, execution_id = %execution_id, state = %after.state, "attempt timed out");
+                    crate::meters::attempt_ended(&after, now);
                     self.breakers.record(&task.handler, false, now);
                     let _ = self
                         .reaped

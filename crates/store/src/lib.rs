@@ -14,6 +14,7 @@ pub mod clock;
 pub mod conformance;
 mod decode;
 mod error;
+pub mod metered;
 pub mod postgres;
 pub mod sqlite;
 
@@ -27,6 +28,7 @@ use tokio::sync::broadcast;
 
 pub use clock::StoreClock;
 pub use error::Error;
+pub use metered::Metered;
 pub use postgres::{PostgresOptions, PostgresStore};
 pub use sqlite::{SqliteOptions, SqliteStore};
 

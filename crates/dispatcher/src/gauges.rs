@@ -1,0 +1,65 @@
+//! The gauges refreshed on a timer rather than on events: READY tasks per
+//! handler (from the store), worker streams connected to this node and the
+//! tasks in flight on each.
+//!
+//! A handler or worker that disappears is set to 0 once, then no longer
+//! touched; the exporter forgets gauges nobody sets (its idle timeout).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use taskmesh_scheduler::meters;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::engine::Shared;
+
+/// Refreshes the gauges every `every` until `shutdown`.
+pub async fn run(shared: Shared, every: Duration, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut handlers: HashSet<String> = HashSet::new();
+    let mut workers: HashSet<String> = HashSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        refresh(&shared, &mut handlers, &mut workers).await;
+    }
+}
+
+/// One refresh (also run by tests before they scrape).
+pub async fn refresh(
+    shared: &Shared,
+    handlers: &mut HashSet<String>,
+    workers: &mut HashSet<String>,
+) {
+    match shared.store.ready_counts().await {
+        Ok(counts) => {
+            let now: HashSet<String> = counts.iter().map(|(h, _)| h.clone()).collect();
+            for gone in handlers.difference(&now) {
+                metrics::gauge!(meters::QUEUE_DEPTH, "handler" => gone.clone()).set(0.0);
+            }
+            for (handler, n) in counts {
+                metrics::gauge!(meters::QUEUE_DEPTH, "handler" => handler).set(n as f64);
+            }
+            *handlers = now;
+        }
+        Err(err) => debug!(error = %err, "queue depth not refreshed"),
+    }
+    let snapshot = shared.registry.snapshot(shared.coord.node_id());
+    metrics::gauge!(meters::WORKERS_CONNECTED).set(snapshot.len() as f64);
+    let mut active = std::collections::HashMap::<String, u32>::new();
+    for w in &snapshot {
+        *active.entry(w.worker_id.clone()).or_default() += w.active;
+    }
+    let now: HashSet<String> = active.keys().cloned().collect();
+    for gone in workers.difference(&now) {
+        metrics::gauge!(meters::WORKER_ACTIVE, "worker_id" => gone.clone()).set(0.0);
+    }
+    for (worker_id, n) in active {
+        metrics::gauge!(meters::WORKER_ACTIVE, "worker_id" => worker_id).set(f64::from(n));
+    }
+    *workers = now;
+}

@@ -1,0 +1,252 @@
+//! [`Metered`]: a [`Store`] that times every call of the store it wraps,
+//! as the histogram `taskmesh_store_call_duration_seconds{op, outcome}`
+//! (through the `metrics` facade; the binary installs the exporter).
+//!
+//! A decorator rather than timing inside each backend, so every backend is
+//! measured the same way and none carries metrics code. Every method is
+//! forwarded, those with a default body included, so wrapping never changes
+//! behaviour.
+
+use std::time::Instant;
+
+use async_trait::async_trait;
+use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
+use taskmesh_core::{CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, UnixMillis};
+use tokio::sync::broadcast;
+
+use crate::{
+    Chooser, Created, FireCommit, FireCommitted, Result, ScheduleChange, Store, TaskChange,
+    TaskFilter, TaskPage,
+};
+
+/// Name of the store latency histogram.
+pub const STORE_CALL_SECONDS: &str = "taskmesh_store_call_duration_seconds";
+
+/// Times every call of the wrapped store.
+pub struct Metered<S> {
+    inner: S,
+}
+
+impl<S: Store> Metered<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S) -> Self {
+        Self { inner }
+    }
+}
+
+async fn timed<T>(
+    op: &'static str,
+    call: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let started = Instant::now();
+    let result = call.await;
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    metrics::histogram!(STORE_CALL_SECONDS, "op" => op, "outcome" => outcome)
+        .record(started.elapsed().as_secs_f64());
+    result
+}
+
+#[async_trait]
+impl<S: Store> Store for Metered<S> {
+    async fn create_task(
+        &self,
+        task: NewTask,
+        fingerprint: &str,
+        now: UnixMillis,
+    ) -> Result<Created> {
+        timed(
+            "create_task",
+            self.inner.create_task(task, fingerprint, now),
+        )
+        .await
+    }
+
+    async fn create_tasks(
+        &self,
+        tasks: Vec<(NewTask, String)>,
+        now: UnixMillis,
+    ) -> Result<Vec<Result<Created>>> {
+        timed("create_tasks", self.inner.create_tasks(tasks, now)).await
+    }
+
+    async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>> {
+        timed("get_task", self.inner.get_task(id)).await
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage> {
+        timed("list_tasks", self.inner.list_tasks(filter)).await
+    }
+
+    async fn transition(&self, id: &str, event: &Event, now: UnixMillis) -> Result<TaskRecord> {
+        timed("transition", self.inner.transition(id, event, now)).await
+    }
+
+    async fn transition_many(
+        &self,
+        events: &[(String, Event)],
+        now: UnixMillis,
+        fence: Option<u64>,
+    ) -> Result<Vec<Result<TaskRecord>>> {
+        timed(
+            "transition_many",
+            self.inner.transition_many(events, now, fence),
+        )
+        .await
+    }
+
+    async fn claim_ready(
+        &self,
+        handler: &str,
+        limit: usize,
+        now: UnixMillis,
+        chooser: &mut Chooser<'_>,
+    ) -> Result<Vec<TaskRecord>> {
+        timed(
+            "claim_ready",
+            self.inner.claim_ready(handler, limit, now, chooser),
+        )
+        .await
+    }
+
+    async fn due_tasks(&self, now: UnixMillis, limit: usize) -> Result<Vec<TaskRecord>> {
+        timed("due_tasks", self.inner.due_tasks(now, limit)).await
+    }
+
+    async fn in_flight(&self, worker_id: Option<&str>) -> Result<Vec<TaskRecord>> {
+        timed("in_flight", self.inner.in_flight(worker_id)).await
+    }
+
+    async fn next_due_at(&self) -> Result<Option<UnixMillis>> {
+        timed("next_due_at", self.inner.next_due_at()).await
+    }
+
+    async fn ready_counts(&self) -> Result<Vec<(String, u64)>> {
+        timed("ready_counts", self.inner.ready_counts()).await
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<TaskChange> {
+        self.inner.subscribe()
+    }
+
+    async fn claim_callbacks(
+        &self,
+        now: UnixMillis,
+        limit: usize,
+        lease_ms: i64,
+    ) -> Result<Vec<CallbackJob>> {
+        timed(
+            "claim_callbacks",
+            self.inner.claim_callbacks(now, limit, lease_ms),
+        )
+        .await
+    }
+
+    async fn finish_callback(
+        &self,
+        delivery_id: &str,
+        outcome: &CallbackOutcome,
+        now: UnixMillis,
+    ) -> Result<bool> {
+        timed(
+            "finish_callback",
+            self.inner.finish_callback(delivery_id, outcome, now),
+        )
+        .await
+    }
+
+    async fn next_callback_at(&self) -> Result<Option<UnixMillis>> {
+        timed("next_callback_at", self.inner.next_callback_at()).await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        timed("ping", self.inner.ping()).await
+    }
+
+    async fn db_now(&self) -> Result<UnixMillis> {
+        timed("db_now", self.inner.db_now()).await
+    }
+
+    async fn create_schedule(&self, schedule: &ScheduleRecord) -> Result<()> {
+        timed("create_schedule", self.inner.create_schedule(schedule)).await
+    }
+
+    async fn get_schedule(&self, id: &str) -> Result<Option<ScheduleRecord>> {
+        timed("get_schedule", self.inner.get_schedule(id)).await
+    }
+
+    async fn list_schedules(
+        &self,
+        after_id: Option<&str>,
+        limit: u32,
+    ) -> Result<(Vec<ScheduleRecord>, Option<String>)> {
+        timed("list_schedules", self.inner.list_schedules(after_id, limit)).await
+    }
+
+    async fn update_schedule(
+        &self,
+        schedule: &ScheduleRecord,
+        expected_version: i64,
+    ) -> Result<bool> {
+        timed(
+            "update_schedule",
+            self.inner.update_schedule(schedule, expected_version),
+        )
+        .await
+    }
+
+    async fn delete_schedule(&self, id: &str) -> Result<bool> {
+        timed("delete_schedule", self.inner.delete_schedule(id)).await
+    }
+
+    async fn due_schedules(&self, now: UnixMillis, limit: usize) -> Result<Vec<ScheduleRecord>> {
+        timed("due_schedules", self.inner.due_schedules(now, limit)).await
+    }
+
+    async fn next_schedule_due_at(&self) -> Result<Option<UnixMillis>> {
+        timed("next_schedule_due_at", self.inner.next_schedule_due_at()).await
+    }
+
+    async fn schedules_awaiting_run_end(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(ScheduleRecord, Option<TaskRecord>)>> {
+        timed(
+            "schedules_awaiting_run_end",
+            self.inner.schedules_awaiting_run_end(limit),
+        )
+        .await
+    }
+
+    async fn commit_fires(
+        &self,
+        commit: FireCommit,
+        now: UnixMillis,
+    ) -> Result<Option<FireCommitted>> {
+        timed("commit_fires", self.inner.commit_fires(commit, now)).await
+    }
+
+    async fn commit_fires_many(
+        &self,
+        commits: Vec<FireCommit>,
+        now: UnixMillis,
+        fence: Option<u64>,
+    ) -> Result<Vec<Result<Option<FireCommitted>>>> {
+        timed(
+            "commit_fires_many",
+            self.inner.commit_fires_many(commits, now, fence),
+        )
+        .await
+    }
+
+    async fn fence_token(&self) -> Result<u64> {
+        timed("fence_token", self.inner.fence_token()).await
+    }
+
+    async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>> {
+        timed("recent_fires", self.inner.recent_fires(schedule_id, limit)).await
+    }
+
+    fn subscribe_schedules(&self) -> broadcast::Receiver<ScheduleChange> {
+        self.inner.subscribe_schedules()
+    }
+}
