@@ -54,3 +54,19 @@ pub const LEASE_TTL: &str = "TASKMESH_LEASE_TTL";
 pub const LEASE_RENEW: &str = "TASKMESH_LEASE_RENEW";
 /// Postgres URL for the store (`serve`); unset means SQLite in the data dir.
 pub const DATABASE_URL: &str = "TASKMESH_DATABASE_URL";
+
+// OpenTelemetry's standard variables that decide whether traces are
+// exported at all; the SDK reads the rest (OTEL_EXPORTER_OTLP_HEADERS,
+// _TIMEOUT, _COMPRESSION, OTEL_TRACES_SAMPLER, OTEL_RESOURCE_ATTRIBUTES, ...).
+
+/// OTLP endpoint for every signal, e.g. `http://127.0.0.1:4317`.
+pub const OTEL_EXPORTER_OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+/// OTLP endpoint for traces only.
+pub const OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+/// `true` turns OpenTelemetry off whatever else is set.
+pub const OTEL_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
+/// `none` turns trace export off.
+pub const OTEL_TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
+/// The service name spans are exported under (default `taskmesh`, or
+/// `taskmesh-worker` for `taskmesh worker`).
+pub const OTEL_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";

@@ -2,7 +2,7 @@
 
 use clap::Args;
 use taskmesh_cli::env;
-use tracing_subscriber::EnvFilter;
+use taskmesh_cli::telemetry::TracingGuard;
 
 /// Logging flags shared by `serve`, `dev` and `worker`.
 #[derive(Debug, Args)]
@@ -16,16 +16,10 @@ pub struct LogArgs {
 }
 
 impl LogArgs {
-    /// Installs the global subscriber (logs go to stderr).
-    pub fn init(&self) {
-        let filter = EnvFilter::try_new(&self.log).unwrap_or_else(|_| EnvFilter::new("info"));
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr);
-        if self.log_format == "json" {
-            builder.json().init();
-        } else {
-            builder.init();
-        }
+    /// Installs the global subscriber (logs go to stderr; spans go over
+    /// OTLP when the `OTEL_*` variables ask for it) for a program exported
+    /// as `service`. Keep the guard for the life of the program.
+    pub fn init(&self, service: &str) -> TracingGuard {
+        taskmesh_cli::telemetry::init_tracing(&self.log, self.log_format == "json", service)
     }
 }

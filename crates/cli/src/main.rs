@@ -198,7 +198,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
-    args.log.init();
+    let _tracing = args.log.init("taskmesh");
     let mut opts = node::NodeOptions::new();
     opts.data_dir = args.data_dir;
     opts.grpc_addr = args.grpc_addr;
@@ -243,7 +243,7 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
 }
 
 async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
-    args.log.init();
+    let _tracing = args.log.init("taskmesh-worker");
     let mut opts = taskmesh_worker::WorkerOptions::new(args.server);
     opts.concurrency = args.concurrency;
     if let Some(id) = args.worker_id {

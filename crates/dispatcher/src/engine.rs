@@ -18,7 +18,7 @@ use taskmesh_scheduler::{Reaped, SchedulerHandle, meters};
 use taskmesh_store::{Claim, Store};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, debug_span, info, warn};
 
 use crate::{
     DispatcherOptions,
@@ -322,9 +322,21 @@ async fn push(shared: &Shared, task: TaskRecord) {
     };
     let deadline =
         shared.clock.now_millis() + shared.opts.ack_timeout.as_millis() as i64 + task.timeout_ms;
+    // The push continues the task's trace: the worker's span becomes a
+    // child of this one (or of the stored context when nothing exports).
+    let span = debug_span!(
+        "dispatch",
+        otel.kind = "producer",
+        task_id = %task.id,
+        attempt = task.attempt,
+        execution_id = %execution_id,
+        worker_id = %worker_id,
+    );
+    crate::trace_context::continue_from(&span, &task.traceparent);
+    let traceparent = crate::trace_context::traceparent_of(&span, &task.traceparent);
     let mut trace_context = std::collections::HashMap::new();
-    if !task.traceparent.is_empty() {
-        trace_context.insert("traceparent".to_string(), task.traceparent.clone());
+    if !traceparent.is_empty() {
+        trace_context.insert("traceparent".to_string(), traceparent);
     }
     let msg = pb::ConnectResponse {
         message: Some(pb::connect_response::Message::Assign(pb::TaskAssignment {

@@ -17,6 +17,7 @@ mod registry;
 mod schedule_api;
 mod stream;
 mod task_api;
+pub mod trace_context;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -211,8 +212,16 @@ impl Dispatcher {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let drain = shared.clone();
         let result = tonic::transport::Server::builder()
-            // Outermost: a span per request, so everything below logs inside it.
-            .trace_fn(|req| tracing::info_span!("grpc", path = %req.uri().path()))
+            // Outermost: a span per request, so everything below logs inside
+            // it; it continues the caller's W3C trace (`traceparent`).
+            .trace_fn(|req| {
+                let path = req.uri().path();
+                let span = tracing::info_span!("grpc", path = %path, otel.name = %path, otel.kind = "server");
+                if let Some(tp) = req.headers().get("traceparent").and_then(|v| v.to_str().ok()) {
+                    trace_context::continue_from(&span, tp);
+                }
+                span
+            })
             // Then the deadline: a unary call that takes longer is cut off
             // (streams are unaffected once their response has started).
             .timeout(opts.request_timeout)

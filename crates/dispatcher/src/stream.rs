@@ -16,7 +16,7 @@ use taskmesh_core::{Event, ReleaseReason, id, validate};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use crate::{
     convert::duration,
@@ -385,11 +385,23 @@ async fn on_complete(
         },
     };
     let outcome = outcome_of(&event);
+    // Spans the wait for the durable write; joins the task's trace once the
+    // store hands the task (and its trace context) back.
+    let span = debug_span!(
+        "complete",
+        otel.kind = "server",
+        task_id = %done.task_id,
+        execution_id = %done.execution_id,
+    );
     let pending = shared.batcher.enqueue(&done.task_id, event).await;
     let (shared, tx) = (shared.clone(), tx.clone());
     let (task_id, execution_id) = (done.task_id, done.execution_id);
     Some(Box::pin(async move {
         let result = pending.await;
+        if let Ok(task) = &result {
+            crate::trace_context::continue_from(&span, &task.traceparent);
+        }
+        drop(span);
         shared.attempt_ended(&execution_id, outcome, After::Free, &result);
         match result {
             Ok(task) => {

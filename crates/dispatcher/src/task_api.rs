@@ -153,14 +153,17 @@ pub(crate) fn retry_policy(p: Option<pb::RetryPolicy>) -> Result<RetryPolicy, Er
     Ok(out)
 }
 
-/// The caller's W3C `traceparent` (gRPC metadata; the REST gateway forwards
-/// the HTTP header as metadata), or empty when absent or malformed.
+/// The trace context to store with a task: the request span's (a child of
+/// the caller's `traceparent`, which the REST gateway forwards as gRPC
+/// metadata), or the caller's own when this node exports no traces; empty
+/// when there is none.
 fn traceparent_of(meta: &tonic::metadata::MetadataMap) -> String {
-    meta.get("traceparent")
+    let given = meta
+        .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .filter(|v| v.len() <= 128)
-        .unwrap_or_default()
-        .to_string()
+        .unwrap_or_default();
+    crate::trace_context::traceparent_of(&tracing::Span::current(), given)
 }
 
 /// A refused entry of a batch submit.

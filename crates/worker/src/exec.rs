@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, info_span, warn};
 
+use crate::trace_context;
 use crate::worker::{Shared, lock};
 use crate::{Handler, HandlerError, Output, TaskContext};
 
@@ -36,23 +37,37 @@ pub(crate) fn spawn(
         let (task_id, execution_id, attempt) =
             (ctx.task_id.clone(), ctx.execution_id.clone(), ctx.attempt);
         debug!(worker_id, task_id, attempt, execution_id, "handler started");
+        // The handler runs in a span continuing the task's trace (the
+        // server's dispatch span is its parent).
+        let span = info_span!(
+            "run",
+            otel.name = %ctx.handler,
+            otel.kind = "consumer",
+            task_id = %ctx.task_id,
+            attempt = ctx.attempt,
+            execution_id = %ctx.execution_id,
+        );
+        if let Some(tp) = ctx.trace_context.get("traceparent") {
+            trace_context::continue_from(&span, tp);
+        }
         let started = Instant::now();
         // A separate task, so a panic surfaces as a JoinError instead of
         // unwinding through the worker.
-        let result = match tokio::spawn(async move { handler.run(ctx).await }).await {
-            Ok(result) => result,
-            Err(error) if error.is_panic() => {
-                let reason = panic_message(error.into_panic());
-                warn!(
-                    worker_id,
-                    task_id, attempt, execution_id, reason, "handler panicked"
-                );
-                Err(HandlerError::retryable(format!(
-                    "handler panicked: {reason}"
-                )))
-            }
-            Err(_) => Err(HandlerError::retryable("handler task was aborted")),
-        };
+        let result =
+            match tokio::spawn(async move { handler.run(ctx).await }.instrument(span)).await {
+                Ok(result) => result,
+                Err(error) if error.is_panic() => {
+                    let reason = panic_message(error.into_panic());
+                    warn!(
+                        worker_id,
+                        task_id, attempt, execution_id, reason, "handler panicked"
+                    );
+                    Err(HandlerError::retryable(format!(
+                        "handler panicked: {reason}"
+                    )))
+                }
+                Err(_) => Err(HandlerError::retryable("handler task was aborted")),
+            };
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         lock(&shared.stats).push(elapsed_ms);
         lock(&shared.running).remove(&execution_id);

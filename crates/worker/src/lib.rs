@@ -35,6 +35,7 @@ mod handler;
 mod options;
 mod session;
 mod stats;
+mod trace_context;
 mod wire;
 mod worker;
 
