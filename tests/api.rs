@@ -315,3 +315,59 @@ async fn a_delayed_task_waits_pending_then_runs() {
     let _ = w.join.await;
     node.stop(Duration::from_secs(5)).await;
 }
+
+#[tokio::test]
+async fn a_batch_submit_answers_each_entry_and_writes_the_valid_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let mut api = api(node.grpc_addr).await;
+    let first = api
+        .submit_task(request("{\"a\":1}", "batch-key"))
+        .await
+        .unwrap()
+        .into_inner();
+    let bad = pb::SubmitTaskRequest {
+        handler: "".into(),
+        ..request("{}", "")
+    };
+    let resp = api
+        .submit_tasks(pb::SubmitTasksRequest {
+            tasks: vec![
+                request("{\"b\":1}", ""),          // new
+                bad,                               // invalid: refused alone
+                request("{\"a\":1}", "batch-key"), // the stored task
+                request("{\"a\":2}", "batch-key"), // same key, other request
+                request("{\"c\":1}", "new-key"),   // new
+                request("{\"c\":1}", "new-key"),   // = the entry before
+            ],
+        })
+        .await
+        .expect("the batch as a whole is accepted")
+        .into_inner();
+    let r = &resp.results;
+    assert_eq!(r.len(), 6, "one result per entry, in order");
+    let accepted = |i: usize| {
+        r[i].accepted
+            .clone()
+            .unwrap_or_else(|| panic!("{i}: {:?}", r[i]))
+    };
+    assert!(!accepted(0).existing);
+    assert_eq!(r[1].error_code, Code::InvalidArgument as i32, "{:?}", r[1]);
+    assert!(
+        r[1].error_message.contains("handler"),
+        "{}",
+        r[1].error_message
+    );
+    assert!(accepted(2).existing && accepted(2).task_id == first.task_id);
+    assert_eq!(r[3].error_code, Code::AlreadyExists as i32, "{:?}", r[3]);
+    assert!(!accepted(4).existing);
+    assert!(accepted(5).existing && accepted(5).task_id == accepted(4).task_id);
+    assert_eq!(count_tasks(&mut api).await, 3, "the stored one and two new");
+
+    let err = api
+        .submit_tasks(pb::SubmitTasksRequest { tasks: vec![] })
+        .await
+        .expect_err("an empty batch is refused");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    node.stop(Duration::from_secs(5)).await;
+}

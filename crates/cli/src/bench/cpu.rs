@@ -39,6 +39,33 @@ pub fn of_pid(pid: u32) -> Option<Duration> {
     parse_stat(&text, ticks_per_second())
 }
 
+/// User plus system CPU time so far of every process whose command name is
+/// `comm` (e.g. the `postgres` server's backends), from `/proc`. Processes
+/// that start or end between two readings make the difference approximate.
+pub fn of_command(comm: &str) -> Duration {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Duration::ZERO;
+    };
+    let ticks = ticks_per_second();
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|text| {
+            let name = text
+                .find('(')
+                .zip(text.rfind(')'))
+                .map(|(a, b)| &text[a + 1..b]);
+            name == Some(comm)
+        })
+        .filter_map(|text| parse_stat(&text, ticks))
+        .sum()
+}
+
 fn ticks_per_second() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

@@ -90,12 +90,13 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         .await;
     let missed = recorder.missed.load(Ordering::Relaxed);
     let seen = recorder.finish().await;
+    let store = rig.store_label.clone();
     rig.stop().await;
     let (submitted, cpu) = result?;
     let [dispatch, start, complete] = histograms(&submitted, &seen)?;
     Ok(LatencyReport {
         scenario: "latency",
-        store: load::store_label(args),
+        store,
         rate,
         duration_s: args.duration.as_secs_f64(),
         tasks: submitted.len() as u64,

@@ -78,7 +78,9 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 1_000)]
     pub submit_batch: usize,
     /// The store: a fresh SQLite database in a temporary directory when
-    /// unset, `sqlite://DIR` for a (new) data directory of your choosing.
+    /// unset; `sqlite://DIR` for a (new) data directory of your choosing;
+    /// `postgres://…` for a Postgres server, where the bench creates a
+    /// database of its own next to the one named (and drops it after).
     #[arg(long)]
     pub database_url: Option<String>,
     /// The `taskmesh` binary to start workers from (default: this one).
@@ -112,8 +114,8 @@ impl LoadArgs {
     }
 }
 
-/// The store a run used, for the report.
-pub fn store_label(args: &LoadArgs) -> String {
+/// The store a run uses, for the report (before it starts).
+fn store_label(args: &LoadArgs) -> String {
     match &args.database_url {
         None => "sqlite (temporary directory, WAL, synchronous=FULL)".into(),
         Some(url) => format!("{} (synchronous=FULL)", redact(url)),
@@ -142,9 +144,13 @@ pub struct CpuReport {
     pub workers_s: f64,
     /// The load generator's own thread.
     pub generator_s: f64,
-    /// server + workers, per task completed in the window, in µs.
+    /// The database server's processes (`postgres`, machine-wide), when
+    /// the store is Postgres; 0 for SQLite (it runs inside the server).
+    pub database_s: f64,
+    /// server + workers + database, per task completed in the window, in µs.
     pub us_per_task: f64,
-    /// (server + workers + generator) / wall: cores busy on average.
+    /// (server + workers + database + generator) / wall: cores busy on
+    /// average.
     pub cores_busy: f64,
 }
 
@@ -153,6 +159,7 @@ pub struct CpuMark {
     at: Instant,
     process: Duration,
     workers: Duration,
+    database: Duration,
 }
 
 /// The node, its workers and a client: everything a scenario runs against.
@@ -163,6 +170,9 @@ pub struct Rig {
     pub channel: Channel,
     workers: Workers,
     _dir: Option<tempfile::TempDir>,
+    scratch: Option<taskmesh_store::postgres::scratch::ScratchDatabase>,
+    /// The store as measured (with the server's durability settings).
+    pub store_label: String,
 }
 
 enum Workers {
@@ -177,21 +187,37 @@ enum Workers {
 impl Rig {
     /// Starts a node on the store `args` names. Workers come later.
     pub async fn start(args: &LoadArgs) -> anyhow::Result<Self> {
-        let (data_dir, dir) = match &args.database_url {
+        let mut opts = NodeOptions::new();
+        let mut dir = None;
+        let mut scratch = None;
+        let mut store_label = store_label(args);
+        match &args.database_url {
             None => {
-                let dir = tempfile::tempdir().context("creating a temporary data directory")?;
-                (dir.path().to_path_buf(), Some(dir))
+                let d = tempfile::tempdir().context("creating a temporary data directory")?;
+                opts.data_dir = d.path().to_path_buf();
+                dir = Some(d);
+            }
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                // A database of its own, dropped at the end.
+                let db = taskmesh_store::postgres::scratch::ScratchDatabase::create_on(url)
+                    .await
+                    .context("creating the bench database")?;
+                let (fsync, sync) = db.durability().await?;
+                store_label = format!(
+                    "postgres (own database on {}, fsync={fsync}, synchronous_commit={sync})",
+                    redact(url)
+                );
+                opts.database_url = Some(db.url().to_string());
+                scratch = Some(db);
             }
             Some(url) => match url.strip_prefix("sqlite://") {
-                Some(path) if !path.is_empty() => (PathBuf::from(path), None),
+                Some(path) if !path.is_empty() => opts.data_dir = PathBuf::from(path),
                 _ => anyhow::bail!(
-                    "--database-url {} is not supported: use sqlite://DIR or leave it unset",
+                    "--database-url {} is not supported: use postgres://…, sqlite://DIR or leave it unset",
                     redact(url)
                 ),
             },
-        };
-        let mut opts = NodeOptions::new();
-        opts.data_dir = data_dir;
+        }
         opts.grpc_addr = ([127, 0, 0, 1], 0).into();
         opts.http_addr = ([127, 0, 0, 1], 0).into();
         let node = node::start(opts).await?;
@@ -216,6 +242,8 @@ impl Rig {
             channel,
             workers: Workers::None,
             _dir: dir,
+            scratch,
+            store_label,
         })
     }
 
@@ -298,6 +326,7 @@ impl Rig {
             at: Instant::now(),
             process: cpu::process(),
             workers: self.workers_cpu(),
+            database: self.database_cpu(),
         }
     }
 
@@ -312,13 +341,26 @@ impl Rig {
             .saturating_sub(mark.workers)
             .as_secs_f64();
         let generator = generator.as_secs_f64();
+        let database = self
+            .database_cpu()
+            .saturating_sub(mark.database)
+            .as_secs_f64();
         CpuReport {
             wall_s: wall,
             server_s: server,
             workers_s: workers,
             generator_s: generator,
-            us_per_task: (server + workers) * 1e6 / completed.max(1) as f64,
-            cores_busy: (server + workers + generator) / wall.max(1e-9),
+            database_s: database,
+            us_per_task: (server + workers + database) * 1e6 / completed.max(1) as f64,
+            cores_busy: (server + workers + database + generator) / wall.max(1e-9),
+        }
+    }
+
+    fn database_cpu(&self) -> Duration {
+        if self.scratch.is_some() {
+            cpu::of_command("postgres")
+        } else {
+            Duration::ZERO
         }
     }
 
@@ -359,6 +401,11 @@ impl Rig {
             }
         }
         self.node.stop(Duration::from_secs(10)).await;
+        if let Some(db) = self.scratch
+            && let Err(err) = db.drop_now().await
+        {
+            tracing::warn!(error = %err, "could not drop the bench database");
+        }
     }
 }
 

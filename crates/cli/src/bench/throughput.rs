@@ -118,7 +118,7 @@ pub async fn run(args: &LoadArgs, tasks: usize) -> anyhow::Result<ThroughputRepo
         Ok::<_, anyhow::Error>(ThroughputReport {
             scenario: "throughput",
             mode: args.mode,
-            store: load::store_label(args),
+            store: rig.store_label.clone(),
             tasks: tasks as u64,
             workers: args.workers,
             worker_concurrency: args.worker_concurrency,

@@ -155,3 +155,94 @@ mod tests {
         assert_eq!(redact("postgres://h/db"), "postgres://h/db");
     }
 }
+
+/// A database of its own for one run (`taskmesh bench` on Postgres):
+/// created empty on the server of `admin_url`, dropped by
+/// [`ScratchDatabase::drop_now`]. Also reports the server's durability
+/// settings, so a measurement can say what it measured.
+#[derive(Debug)]
+pub struct ScratchDatabase {
+    admin_url: String,
+    name: String,
+    url: String,
+}
+
+impl ScratchDatabase {
+    /// Creates a uniquely named empty database next to the one `admin_url`
+    /// names (which must allow `CREATE DATABASE`).
+    pub async fn create_on(admin_url: &str) -> Result<Self> {
+        let id = taskmesh_core::id::new_session_id().replace('-', "");
+        let name = format!("tm_bench_{}", &id[..16]);
+        let url = with_database(admin_url, &name)
+            .ok_or_else(|| Error::Internal(format!("{} names no database", redact(admin_url))))?;
+        let mut conn = connect(admin_url).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await?;
+        let _ = conn.close().await;
+        Ok(Self {
+            admin_url: admin_url.to_string(),
+            name,
+            url,
+        })
+    }
+
+    /// The new database's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// `fsync` and `synchronous_commit` as the server runs them.
+    pub async fn durability(&self) -> Result<(String, String)> {
+        let mut conn = connect(&self.url).await?;
+        let fsync: String = sqlx::query_scalar("SHOW fsync")
+            .fetch_one(&mut conn)
+            .await?;
+        let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut conn)
+            .await?;
+        let _ = conn.close().await;
+        Ok((fsync, sync))
+    }
+
+    /// Drops the database (closing connections still open to it).
+    pub async fn drop_now(self) -> Result<()> {
+        let mut conn = connect(&self.admin_url).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&mut conn)
+        .await?;
+        let _ = conn.close().await;
+        Ok(())
+    }
+}
+
+/// `url` with its database (the path) replaced by `name`, query kept.
+fn with_database(url: &str, name: &str) -> Option<String> {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let host_start = base.find("://")? + 3;
+    let slash = base[host_start..].find('/').map(|i| i + host_start)?;
+    let mut out = format!("{}/{name}", &base[..slash]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod database_url_tests {
+    #[test]
+    fn the_database_is_swapped_and_the_rest_kept() {
+        assert_eq!(
+            super::with_database("postgres://u:p@h:5432/test?sslmode=disable", "x").as_deref(),
+            Some("postgres://u:p@h:5432/x?sslmode=disable")
+        );
+        assert_eq!(super::with_database("postgres://h", "x"), None);
+    }
+}
