@@ -65,6 +65,9 @@ pub(super) const CLAIM_CALLBACKS_SQL: &str = "SELECT delivery_id, task_id, url, 
 pub(super) const NEXT_CALLBACK_SQL: &str =
     "SELECT MIN(next_attempt_at) FROM callbacks WHERE state = 'PENDING'";
 
+/// A task as read and its transitions in a batch, each with its event's index.
+type Planned = (TaskRecord, Vec<(usize, Transition)>);
+
 pub(super) fn change_of(task: &TaskRecord) -> TaskChange {
     TaskChange::of(task)
 }
@@ -647,7 +650,7 @@ async fn transition_batch(
     // Per task: the record as read and its transitions in order, each with
     // the index of its event (the last one is the task as the events leave
     // it).
-    let mut state: HashMap<&str, (TaskRecord, Vec<(usize, Transition)>)> = ids
+    let mut state: HashMap<&str, Planned> = ids
         .iter()
         .filter_map(|id| Some((*id, (loaded.remove(*id)?, Vec::new()))))
         .collect();
