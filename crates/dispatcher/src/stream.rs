@@ -122,12 +122,13 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         self.shared.wake.notify_one();
 
         let shared = self.shared.clone();
+        let worker_id = reg.worker_id.clone();
         let span =
             info_span!("worker_stream", worker_id = %reg.worker_id, session_id = %session_id);
         tokio::spawn(
             async move {
                 let reason = read_loop(&shared, &session_id, &tx, inbound, entry).await;
-                lose_session(&shared, &session_id, &reason).await;
+                lose_session(&shared, &session_id, &worker_id, &reason).await;
             }
             .instrument(span),
         );
@@ -463,7 +464,7 @@ async fn release_earlier_attempts(shared: &Shared, worker_id: &str) {
 }
 
 /// Takes back every attempt of a lost stream.
-async fn lose_session(shared: &Shared, session_id: &str, reason: &str) {
+async fn lose_session(shared: &Shared, session_id: &str, worker_id: &str, reason: &str) {
     let execs = shared.registry.remove(session_id);
     if let Err(err) = shared.coord.remove_worker(session_id).await {
         // Its entry expires by its TTL instead.
@@ -473,7 +474,9 @@ async fn lose_session(shared: &Shared, session_id: &str, reason: &str) {
     if execs.is_empty() {
         return;
     }
-    let in_flight = match shared.store.in_flight(None).await {
+    // Only this worker's attempts can be this stream's: read those, not
+    // every task in flight.
+    let in_flight = match shared.store.in_flight(Some(worker_id)).await {
         Ok(tasks) => tasks,
         Err(err) => {
             // The ACK and execution reapers will take them back later.
