@@ -3,7 +3,9 @@
 //! workers, the real binary, and waiting on conditions with deadlines.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod http;
+pub mod services;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -342,6 +344,24 @@ impl Child {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGSTOP`), failing the test if it cannot.
+    pub fn signal(&self, signal: i32) {
+        let pid = i32::try_from(self.0.id()).expect("a pid");
+        // SAFETY: kill(2) with a pid we spawned and have not reaped.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, {signal}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 impl Drop for Child {
@@ -352,8 +372,26 @@ impl Drop for Child {
 
 /// Starts `taskmesh serve` as a process and waits until its gRPC port answers.
 pub async fn spawn_server(data_dir: &Path, grpc: u16, http: u16, extra: &[&str]) -> Child {
-    let log = std::fs::File::create(data_dir.join(format!("serve-{grpc}.log"))).unwrap();
+    spawn_server_with(data_dir, grpc, http, extra, &[]).await
+}
+
+/// [`spawn_server`] with environment variables; its log (stderr) is
+/// appended to `serve-{grpc}.log` in `data_dir`, so a server restarted on
+/// the same port keeps its predecessor's log.
+pub async fn spawn_server_with(
+    data_dir: &Path,
+    grpc: u16,
+    http: u16,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data_dir.join(format!("serve-{grpc}.log")))
+        .unwrap();
     let child = std::process::Command::new(binary())
+        .envs(envs.iter().copied())
         .arg("serve")
         .arg("--data-dir")
         .arg(data_dir)

@@ -54,6 +54,11 @@ pub const LEASE_TTL: &str = "TASKMESH_LEASE_TTL";
 pub const LEASE_RENEW: &str = "TASKMESH_LEASE_RENEW";
 /// Postgres URL for the store (`serve`); unset means SQLite in the data dir.
 pub const DATABASE_URL: &str = "TASKMESH_DATABASE_URL";
+/// Test-only fault hook (`serve`): a path; while a file exists there, a
+/// scheduler round about to commit schedule fires waits after its lease
+/// check (see `taskmesh_scheduler::fault`). Chaos tests use it to make a
+/// deposed leader write with its old fencing token. Never set in production.
+pub const FAULT_HOLD_ROUND: &str = "TASKMESH_FAULT_HOLD_ROUND";
 
 // OpenTelemetry's standard variables that decide whether traces are
 // exported at all; the SDK reads the rest (OTEL_EXPORTER_OTLP_HEADERS,

@@ -211,6 +211,7 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("unknown trigger engine {:?}", args.trigger_engine))?;
     opts.scheduler.poll_interval = args.poll_interval;
     opts.scheduler.misfire_threshold = args.misfire_threshold;
+    opts.scheduler.fault_hold_round = std::env::var_os(env::FAULT_HOLD_ROUND).map(PathBuf::from);
     opts.dispatcher.balancer = BalancerOptions {
         default: args.balancer_default,
         per_handler: args.balancer.into_iter().collect(),

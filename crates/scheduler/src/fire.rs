@@ -39,11 +39,14 @@ impl Scheduler {
         if !commits.is_empty() {
             let next: Vec<_> = commits.iter().map(|c| c.schedule.next_fire_at).collect();
             let fired: Vec<_> = commits.iter().map(|c| c.fires.len()).collect();
+            if let Some(path) = &self.opts.fault_hold_round {
+                crate::fault::hold_round(path, fence).await;
+            }
             let results = self
                 .store
                 .commit_fires_many(commits, now, Some(fence))
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(crate::leader_write_error("schedule_fires", fence))?;
             for (i, result) in results.into_iter().enumerate() {
                 let schedule = planned[i];
                 match result {
@@ -224,7 +227,7 @@ impl Scheduler {
             .store
             .commit_fires_many(commits, now, Some(fence))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(crate::leader_write_error("fixed_delay", fence))?;
         for r in results {
             if let Err(err) = r {
                 warn!(error = %err, "fixed-delay update failed");

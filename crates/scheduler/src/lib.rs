@@ -12,11 +12,13 @@
 //! handler. It knows nothing of tonic.
 
 pub mod engine;
+pub mod fault;
 mod fire;
 pub mod meters;
 mod orphans;
 mod round;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -45,6 +47,9 @@ pub struct SchedulerOptions {
     /// A fire time further behind than this when handled counts as missed
     /// (the misfire policy applies).
     pub misfire_threshold: Duration,
+    /// Test-only fault hook ([`fault`]): while this file exists, a round
+    /// about to commit schedule fires waits after its lease check.
+    pub fault_hold_round: Option<PathBuf>,
 }
 
 impl Default for SchedulerOptions {
@@ -55,6 +60,7 @@ impl Default for SchedulerOptions {
             wheel_horizon: Duration::from_secs(60),
             batch: 512,
             misfire_threshold: Duration::from_secs(5),
+            fault_hold_round: None,
         }
     }
 }
@@ -83,6 +89,23 @@ pub enum Reaped {
         /// The ended attempt.
         execution_id: String,
     },
+}
+
+/// Turns a store error of a leader write into the round's error. A write
+/// refused by the fencing token means this node was deposed while it still
+/// wrote: counted ([`meters::FENCED_WRITES`]) and logged as such, not as an
+/// ordinary failure.
+pub(crate) fn leader_write_error(
+    write: &'static str,
+    fence: u64,
+) -> impl Fn(taskmesh_store::Error) -> String {
+    move |err| {
+        if let taskmesh_store::Error::Fenced(_) = &err {
+            meters::fenced_write(write);
+            warn!(write, fence, error = %err, "leader write refused by the fencing token: a newer leader has written");
+        }
+        err.to_string()
+    }
 }
 
 /// How often the leader looks for attempts whose worker is gone from the

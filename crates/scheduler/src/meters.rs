@@ -29,6 +29,10 @@ pub const WORKER_ACTIVE: &str = "taskmesh_worker_active_tasks";
 pub const WORKERS_CONNECTED: &str = "taskmesh_workers_connected";
 /// Gauge: 1 while this node holds the leader lease, else 0.
 pub const LEADER: &str = "taskmesh_leader";
+/// Counter: leader writes the store refused because they carried a fencing
+/// token older than the newest it has seen (this node was deposed while it
+/// was still writing), per write.
+pub const FENCED_WRITES: &str = "taskmesh_fenced_writes_total";
 
 /// Records `n` new tasks of `handler`.
 pub fn submitted(handler: &str, n: u64) {
@@ -57,6 +61,11 @@ pub fn attempt_ended(task: &TaskRecord, now: UnixMillis) {
         metrics::histogram!(END_TO_END_LATENCY, "handler" => task.handler.clone())
             .record(seconds(now - task.created_at));
     }
+}
+
+/// Records a leader write the store refused by its fencing token.
+pub fn fenced_write(write: &'static str) {
+    metrics::counter!(FENCED_WRITES, "write" => write).increment(1);
 }
 
 fn seconds(ms: i64) -> f64 {

@@ -52,7 +52,7 @@ impl Scheduler {
             .store
             .transition_many(&events, now, Some(fence))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(crate::leader_write_error("orphan_sweep", fence))?;
         let released = results.iter().filter(|r| r.is_ok()).count();
         if released > 0 {
             info!(released, "attempts of vanished workers taken back");

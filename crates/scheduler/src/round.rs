@@ -48,7 +48,7 @@ impl Scheduler {
             .store
             .transition_many(&events, now, Some(fence))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(crate::leader_write_error("due_tasks", fence))?;
         for (((task_id, event), result), task) in events.into_iter().zip(results).zip(&due) {
             match (result, event) {
                 (Ok(_), Event::Release { execution_id, .. }) => {

@@ -1,0 +1,236 @@
+//! Private Postgres and Redis servers for tests that kill, stop or restart
+//! processes of a cluster: each on a free loopback port in a temporary
+//! directory, stopped and removed when dropped (also when the test panics).
+//! The machine's shared servers are never touched. A missing piece of the
+//! environment fails the test with a message saying what is missing; it is
+//! never skipped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+/// Where `initdb` and `pg_ctl` live: `TASKMESH_TEST_PG_BIN` or Debian's
+/// Postgres 15 directory.
+pub fn pg_bin() -> PathBuf {
+    let dir = std::env::var_os("TASKMESH_TEST_PG_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"));
+    for tool in ["initdb", "pg_ctl", "postgres"] {
+        assert!(
+            dir.join(tool).exists(),
+            "{} is missing: these tests start a private Postgres and need its server binaries \
+             (apt-get install postgresql-15, or set TASKMESH_TEST_PG_BIN to their directory)",
+            dir.join(tool).display()
+        );
+    }
+    dir
+}
+
+/// Runs a Postgres tool: as the unprivileged `postgres` user when we are
+/// root (initdb and pg_ctl refuse root), directly otherwise.
+fn pg_command(tool: &Path) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(tool);
+        c
+    } else {
+        Command::new(tool)
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// uid and gid of the `postgres` user.
+fn postgres_ids() -> (u32, u32) {
+    let id = |flag: &str| -> u32 {
+        let out = Command::new("id")
+            .args([flag, "postgres"])
+            .output()
+            .expect("run id");
+        assert!(
+            out.status.success(),
+            "running as root, the private Postgres needs an unprivileged `postgres` user \
+             (initdb refuses root): `id {flag} postgres` failed"
+        );
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    };
+    (id("-u"), id("-g"))
+}
+
+/// A Postgres server of our own: `initdb` in a temporary directory, started
+/// with `pg_ctl` on a free port. Durability is off (fsync, synchronous
+/// commit): these tests kill taskmesh processes, never the database.
+pub struct PrivatePostgres {
+    pub port: u16,
+    data: PathBuf,
+    bin: PathBuf,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivatePostgres {
+    /// Creates and starts the server; waits until it accepts connections.
+    pub fn start() -> Self {
+        let bin = pg_bin();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let data = dir.path().join("data");
+        let run = dir.path().join("run");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::create_dir(&run).unwrap();
+        if is_root() {
+            use std::os::unix::fs::PermissionsExt;
+            let (uid, gid) = postgres_ids();
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            for p in [&data, &run] {
+                std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+            }
+        }
+        let log = run.join("postgres.log");
+        let out = pg_command(&bin.join("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
+            .args(["--locale", "C"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = free_port();
+        let settings = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
+             -c synchronous_commit=off -c full_page_writes=off -c max_connections=200",
+            run.display()
+        );
+        let out = pg_command(&bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(&log)
+            .args(["-o", &settings, "-w", "-t", "60", "start"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("run pg_ctl start");
+        let this = Self {
+            port,
+            data,
+            bin,
+            log,
+            _dir: dir,
+        };
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&this.log).unwrap_or_default()
+        );
+        this
+    }
+
+    /// `postgres://postgres@127.0.0.1:{port}/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        // Immediate: nothing in it is worth a checkpoint. Best effort: a
+        // failing test must not fail again here.
+        let _ = pg_command(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "-w", "-t", "30", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// A `redis-server` child on a free loopback port, without persistence;
+/// killed when dropped.
+pub struct PrivateRedis {
+    pub port: u16,
+    child: super::Child,
+}
+
+impl PrivateRedis {
+    /// Starts a server and waits until it answers PING.
+    pub fn start() -> Self {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("redis-server must be installed for these tests (apt-get install redis-server): {e}")
+            });
+        let this = Self {
+            port,
+            child: super::Child(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !this.answers() {
+            assert!(
+                Instant::now() < deadline,
+                "private redis-server on port {port} did not answer within 10 s"
+            );
+            // Polling interval of a condition with a deadline.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        this
+    }
+
+    /// `redis://127.0.0.1:{port}`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+
+    fn answers(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        let mut buf = [0u8; 7];
+        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    }
+}
+
+impl PrivateRedis {
+    /// `GET key` (raw RESP on a fresh connection): the value, or `None`
+    /// when the key is missing or the server does not answer.
+    pub fn get(&self, key: &str) -> Option<String> {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let cmd = format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len());
+        s.write_all(cmd.as_bytes()).ok()?;
+        let mut r = BufReader::new(s);
+        let mut head = String::new();
+        r.read_line(&mut head).ok()?;
+        let len: i64 = head.strip_prefix('$')?.trim().parse().ok()?;
+        if len < 0 {
+            return None;
+        }
+        let mut body = vec![0u8; len as usize + 2];
+        r.read_exact(&mut body).ok()?;
+        body.truncate(len as usize);
+        String::from_utf8(body).ok()
+    }
+}
