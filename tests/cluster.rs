@@ -109,3 +109,65 @@ async fn two_replicas_share_one_leader_and_one_worker_registry() {
         r.stop(Duration::from_secs(5)).await;
     }
 }
+
+/// Regression: a replica joining a running cluster used to take back every
+/// attempt in flight anywhere ("server restarted during the attempt"), so
+/// the other replicas' workers ran those tasks a second time. Only a single
+/// node may assume that nothing in flight survived its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_joining_leaves_the_running_attempts_of_the_others_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = format!("taskmesh-test-{}:", uuid::Uuid::new_v4().simple());
+    let options = || {
+        let mut opts = node_options(dir.path());
+        let mut r = taskmesh_coord::RedisOptions::new(redis_url(), "replica");
+        r.key_prefix = prefix.clone();
+        r.lease_ttl = Duration::from_secs(3);
+        r.renew_interval = Duration::from_secs(1);
+        opts.redis = Some(r);
+        opts
+    };
+    let a = taskmesh_cli::node::start(options())
+        .await
+        .expect("a replica starts (is Redis up on 127.0.0.1:6379? `make services` starts it)");
+    let mut api_a = api(a.grpc_addr).await;
+    let ledger = Ledger::default();
+    let w = counting_worker(&[a.grpc_addr], "on-a", 2, ledger.clone());
+    assert!(w.handle.wait_connected(Duration::from_secs(10)).await);
+    let id = submit(&mut api_a, "sleep", br#"{"ms":2000}"#).await;
+    wait_for("the task to run on A's worker", Duration::from_secs(20), || {
+        let mut api_a = api_a.clone();
+        let id = id.clone();
+        async move { (state(&get(&mut api_a, &id).await) == pb::TaskState::Running).then_some(()) }
+    })
+    .await;
+
+    let b = taskmesh_cli::node::start(options())
+        .await
+        .expect("replica B starts");
+    let t = wait_for("the task to succeed", Duration::from_secs(20), || {
+        let mut api_a = api_a.clone();
+        let id = id.clone();
+        async move {
+            let t = get(&mut api_a, &id).await;
+            matches!(
+                state(&t),
+                pb::TaskState::Succeeded | pb::TaskState::Failed | pb::TaskState::TimedOut
+            )
+            .then_some(t)
+        }
+    })
+    .await;
+    assert_eq!(state(&t), pb::TaskState::Succeeded, "{t:?}");
+    assert_eq!(
+        t.attempts.len(),
+        1,
+        "B's start took nothing back from A's worker: {:?}",
+        t.attempts
+    );
+    w.shutdown.cancel();
+    let _ = w.join.await;
+    for r in [a, b] {
+        r.stop(Duration::from_secs(5)).await;
+    }
+}

@@ -207,7 +207,8 @@ impl RunningNode {
     }
 }
 
-/// Starts a node: opens the store, recovers orphaned attempts, then serves.
+/// Starts a node: opens the store, recovers orphaned attempts (single
+/// node only), then serves.
 pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     opts.validate()?;
     // Before any component records a figure.
@@ -259,10 +260,19 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         reaped_rx,
     );
     let dispatch_stats = dispatcher.stats();
-    dispatcher
-        .recover()
-        .await
-        .context("recovering in-flight tasks")?;
+    // A single node held every stream: whatever is in flight now was pushed
+    // by its previous life and no stream survived. A cluster replica must
+    // not do this: the other replicas' workers are running those attempts
+    // (taking them back would run them twice). There the leader's orphan
+    // sweep takes back the attempts of workers gone from the cluster-wide
+    // registry, and a worker that reconnects has its earlier attempts taken
+    // back when it registers.
+    if opts.redis.is_none() {
+        dispatcher
+            .recover()
+            .await
+            .context("recovering in-flight tasks")?;
+    }
 
     let grpc = TcpListener::bind(opts.grpc_addr)
         .await
