@@ -1,0 +1,560 @@
+//! Chaos, end to end, with real processes: 3 `taskmesh serve` replicas and 4
+//! `taskmesh worker` processes on a private Postgres and a private Redis.
+//! 10,000 tasks are submitted (SubmitTasks batches spread over the replicas,
+//! a refused batch retried elsewhere with the same client request ids)
+//! while the leader is killed (SIGKILL) twice and a worker every few
+//! seconds, each replaced. A schedule fires every second throughout.
+//!
+//! Then the record is checked against the workers' ledgers (one line per
+//! handler execution, written before it runs) and the store:
+//! - every accepted task reached a terminal state (SUCCEEDED: the handler
+//!   never fails), and the store holds each exactly once;
+//! - no task SUCCEEDED twice: one SUCCEEDED attempt per task, and that
+//!   attempt's execution is in a ledger exactly once;
+//! - every handler execution is one attempt (execution id, task, attempt
+//!   number and worker agree with the store), and every execution beyond
+//!   the first of a task is a later attempt (attempt > 1) whose earlier
+//!   executions are explained: their attempt ended WORKER_LOST or
+//!   ACK_TIMEOUT and either its worker was killed (the kill at or before
+//!   the attempt's end) or the replica holding its stream was (a leader
+//!   kill between the attempt's start and its end, and the attempt taken
+//!   back because its worker re-registered on another replica, vanished
+//!   from the cluster-wide registry or its ACK was never written);
+//! - after each leader kill a new leader committed a schedule fire within
+//!   lease TTL + 2 s, and every fire time has one task.
+//!
+//! Clocks: kill instants are taken on this host's clock; fire times
+//! (`schedule_fires.handled_at`) are the leader's `now`, the database's
+//! clock as followed by `StoreClock` — the database runs on this host, so
+//! both are the same clock.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use common::Child;
+use common::cluster::{Cluster, LEASE_TTL, Replica, leads, metric, now_ms};
+use common::wait_for;
+use taskmesh::v1 as pb;
+use taskmesh::v1::task_api_client::TaskApiClient;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+const TASKS: usize = 10_000;
+const BATCH: usize = 100;
+const REPLICAS: usize = 3;
+const WORKERS: usize = 4;
+const WORKER_SLOTS: u32 = 16;
+/// Each task sleeps this long, so kills hit running handlers.
+const TASK_MS: u64 = 40;
+/// One batch per this interval: 10,000 tasks over about 20 s.
+const SUBMIT_EVERY: Duration = Duration::from_millis(200);
+const WORKER_KILL_EVERY: Duration = Duration::from_secs(3);
+const LEADER_KILLS: usize = 2;
+const FIRST_LEADER_KILL: Duration = Duration::from_secs(4);
+const LEADER_KILL_GAP: Duration = Duration::from_secs(8);
+
+/// How the store records an attempt taken back because the stream holding
+/// it was on a replica that died (`crates/dispatcher/src/stream.rs`,
+/// `crates/scheduler/src/orphans.rs`, `crates/scheduler/src/round.rs`: an
+/// ACK the dead replica never wrote).
+const CROSS_REPLICA_RELEASES: [&str; 3] = [
+    "the worker reconnected; its earlier stream is gone",
+    "its worker is gone from the cluster",
+    "no ACK within the ACK timeout",
+];
+
+/// A process killed by the test, and when (host clock, ms).
+#[derive(Debug, Clone)]
+struct Kill {
+    who: String,
+    at: i64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_tasks_survive_killed_leaders_and_workers() {
+    let cluster = Cluster::start();
+    let mut replicas: Vec<Replica> = Vec::new();
+    for _ in 0..REPLICAS {
+        replicas.push(cluster.replica(None, &[]).await);
+    }
+    let urls: Vec<String> = replicas.iter().map(Replica::url).collect();
+    let db = cluster.db().await;
+    leader_index(&replicas).await;
+
+    let mut api0 = client(&urls[0]);
+    let schedule = api0
+        .create_schedule(pb::CreateScheduleRequest {
+            schedule: Some(pb::Schedule {
+                kind: pb::ScheduleKind::Cron as i32,
+                cron_expression: "* * * * * *".into(),
+                time_zone: "UTC".into(),
+                template: Some(pb::TaskTemplate {
+                    handler: "echo".into(),
+                    retry_policy: Some(retry_policy()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("create the schedule")
+        .into_inner()
+        .schedule
+        .unwrap()
+        .schedule_id;
+
+    // Workers: each tries the replicas in its own order, so they spread.
+    let mut started = 0usize;
+    let mut workers: Vec<(String, Child)> = Vec::new();
+    for slot in 0..WORKERS {
+        started += 1;
+        workers.push(start_worker(&cluster, &urls, slot, started));
+    }
+
+    let submitter = tokio::spawn(submit_all(urls.clone()));
+    let begin = Instant::now();
+    let mut next_worker_kill = begin + Duration::from_secs(2);
+    let mut next_leader_kill = begin + FIRST_LEADER_KILL;
+    let mut worker_kills: Vec<Kill> = Vec::new();
+    let mut leader_kills: Vec<Kill> = Vec::new();
+    let mut takeovers: Vec<(i64, u64, u64)> = Vec::new();
+    let mut pacing = tokio::time::interval(Duration::from_millis(100));
+    while !(submitter.is_finished() && leader_kills.len() == LEADER_KILLS) {
+        // The scenario's own timetable (kills every few seconds), not a
+        // synchronisation: every outcome is awaited with a deadline below.
+        pacing.tick().await;
+        let now = Instant::now();
+        if now >= next_worker_kill {
+            let slot = worker_kills.len() % WORKERS;
+            let (id, mut child) = workers.remove(slot);
+            child.kill();
+            worker_kills.push(Kill {
+                who: id,
+                at: now_ms(),
+            });
+            started += 1;
+            workers.insert(slot, start_worker(&cluster, &urls, slot, started));
+            next_worker_kill = now + WORKER_KILL_EVERY;
+        }
+        if leader_kills.len() < LEADER_KILLS && now >= next_leader_kill {
+            let i = leader_index(&replicas).await;
+            let old_token = cluster.leader_token().expect("a lease in Redis");
+            let ports = (replicas[i].grpc, replicas[i].http);
+            replicas[i].child.kill();
+            let at = now_ms();
+            leader_kills.push(Kill {
+                who: format!("replica :{}", ports.0),
+                at,
+            });
+            // A fire handled after the kill (plus a margin that only makes
+            // the figure larger) cannot be the dead leader's.
+            let first_fire: i64 = wait_for(
+                "a new leader to fire the schedule",
+                LEASE_TTL + Duration::from_secs(20),
+                || {
+                    let db = db.clone();
+                    async move {
+                        sqlx::query_scalar::<_, Option<i64>>(
+                            "SELECT MIN(handled_at) FROM schedule_fires WHERE handled_at > $1",
+                        )
+                        .bind(at + 100)
+                        .fetch_one(&db)
+                        .await
+                        .ok()
+                        .flatten()
+                    }
+                },
+            )
+            .await;
+            let new_token = cluster.leader_token().unwrap_or(0);
+            takeovers.push((first_fire - at, old_token, new_token));
+            replicas[i] = cluster.replica(Some(ports), &[]).await;
+            next_leader_kill = Instant::now() + LEADER_KILL_GAP;
+        }
+    }
+    let chaos_secs = begin.elapsed().as_secs_f64();
+    let accepted = submitter.await.expect("the submitter");
+    api0 = client(&urls[0]);
+    api0.pause_schedule(pb::PauseScheduleRequest {
+        schedule_id: schedule.clone(),
+    })
+    .await
+    .expect("pause the schedule");
+
+    wait_for(
+        "every task to reach a terminal state",
+        Duration::from_secs(180),
+        || {
+            let db = db.clone();
+            async move {
+                let open: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM tasks WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED')",
+                )
+                .fetch_one(&db)
+                .await
+                .ok()?;
+                (open == 0).then_some(())
+            }
+        },
+    )
+    .await;
+    let settled_secs = begin.elapsed().as_secs_f64();
+    for (_, w) in &mut workers {
+        w.kill();
+    }
+    let fenced: f64 = {
+        let mut sum = 0.0;
+        for r in &replicas {
+            sum += metric(r.http, "taskmesh_fenced_writes_total")
+                .await
+                .unwrap_or(0.0);
+        }
+        sum
+    };
+
+    // ---- the proof ----
+    let tasks: Vec<(String, String, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT id, state, schedule_id, client_request_id FROM tasks")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    let state_of: HashMap<&str, &str> = tasks
+        .iter()
+        .map(|(id, s, _, _)| (id.as_str(), s.as_str()))
+        .collect();
+    let submitted: Vec<_> = tasks.iter().filter(|t| t.2.is_none()).collect();
+    assert_eq!(accepted.len(), TASKS, "every task was accepted");
+    assert_eq!(
+        submitted.len(),
+        TASKS,
+        "the store holds each accepted task once (retried batches doubled nothing)"
+    );
+    let mut by_state: BTreeMap<&str, usize> = BTreeMap::new();
+    for id in &accepted {
+        let s = state_of
+            .get(id.as_str())
+            .unwrap_or_else(|| panic!("accepted task {id} is not in the store"));
+        *by_state.entry(s).or_default() += 1;
+    }
+    assert_eq!(
+        by_state.get("SUCCEEDED").copied().unwrap_or(0),
+        TASKS,
+        "every accepted task SUCCEEDED: {by_state:?}"
+    );
+
+    // Attempts and ledgers.
+    type AttemptRow = (
+        String,
+        i64,
+        String,
+        String,
+        i64,
+        Option<i64>,
+        Option<String>,
+        String,
+    );
+    let attempts: Vec<AttemptRow> = sqlx::query_as(
+        "SELECT task_id, number, execution_id, worker_id, started_at, ended_at, outcome, message FROM attempts",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    let by_exec: HashMap<&str, &AttemptRow> = attempts.iter().map(|a| (a.2.as_str(), a)).collect();
+    let mut successes: HashMap<&str, Vec<&str>> = HashMap::new();
+    for a in &attempts {
+        if a.6.as_deref() == Some("SUCCEEDED") {
+            successes.entry(&a.0).or_default().push(&a.2);
+        }
+    }
+    let twice: Vec<_> = successes.iter().filter(|(_, e)| e.len() > 1).collect();
+    assert!(twice.is_empty(), "tasks SUCCEEDED twice: {twice:?}");
+    for (id, state, _, _) in &tasks {
+        if state == "SUCCEEDED" {
+            assert_eq!(
+                successes.get(id.as_str()).map(Vec::len),
+                Some(1),
+                "SUCCEEDED task {id} has one SUCCEEDED attempt"
+            );
+        }
+    }
+
+    let ledger = read_ledgers(&cluster, started);
+    let mut seen_exec: HashSet<&str> = HashSet::new();
+    let mut per_task: HashMap<&str, Vec<&LedgerLine>> = HashMap::new();
+    for line in &ledger {
+        assert!(
+            seen_exec.insert(&line.execution_id),
+            "execution {} ran twice",
+            line.execution_id
+        );
+        let a = by_exec
+            .get(line.execution_id.as_str())
+            .unwrap_or_else(|| panic!("ledger execution {line:?} is no attempt in the store"));
+        assert_eq!(
+            (a.0.as_str(), a.1, a.3.as_str()),
+            (line.task_id.as_str(), line.attempt, line.worker_id.as_str()),
+            "the ledger and the store agree on execution {}",
+            line.execution_id
+        );
+        per_task.entry(&line.task_id).or_default().push(line);
+    }
+    for execs in successes.values() {
+        assert!(
+            seen_exec.contains(execs[0]),
+            "the successful execution {} is in a ledger",
+            execs[0]
+        );
+    }
+    let killed_worker_at: HashMap<&str, i64> = worker_kills
+        .iter()
+        .map(|k| (k.who.as_str(), k.at))
+        .collect();
+    let mut extra = 0usize;
+    let (mut by_worker_kill, mut by_replica_kill) = (0usize, 0usize);
+    let mut unexplained = Vec::new();
+    let mut why: BTreeMap<String, usize> = BTreeMap::new();
+    for (task, lines) in &per_task {
+        if lines.len() < 2 {
+            continue;
+        }
+        extra += lines.len() - 1;
+        let first = lines.iter().map(|l| l.attempt).min().unwrap();
+        for l in lines.iter().filter(|l| l.attempt != first) {
+            assert!(
+                l.attempt > 1,
+                "an extra execution of {task} is a retry: {l:?}"
+            );
+        }
+        for l in lines {
+            let a = by_exec[l.execution_id.as_str()];
+            if a.6.as_deref() == Some("SUCCEEDED") {
+                continue;
+            }
+            let ended = a.5.unwrap_or(i64::MAX);
+            let lost = matches!(a.6.as_deref(), Some("WORKER_LOST" | "ACK_TIMEOUT"));
+            let worker_killed = killed_worker_at
+                .get(l.worker_id.as_str())
+                .is_some_and(|at| *at <= ended);
+            // Taken back from a stream on a dead replica: when the worker
+            // re-registered elsewhere, by the leader's orphan sweep, or by
+            // the ACK reaper.
+            let replica_killed = leader_kills.iter().any(|k| a.4 <= k.at && k.at <= ended)
+                && CROSS_REPLICA_RELEASES.contains(&a.7.as_str());
+            match (lost, worker_killed, replica_killed) {
+                (true, true, _) => by_worker_kill += 1,
+                (true, false, true) => by_replica_kill += 1,
+                _ => unexplained.push(format!("{l:?} ended {:?}: {}", a.6, a.7)),
+            }
+            *why.entry(format!("{} ({})", a.6.as_deref().unwrap_or("open"), a.7))
+                .or_default() += 1;
+        }
+    }
+    assert!(
+        unexplained.is_empty(),
+        "{} executions are not explained by a kill: {:#?}",
+        unexplained.len(),
+        &unexplained[..unexplained.len().min(20)]
+    );
+
+    // Schedule fires: one task per fire time.
+    let (fire_rows, fire_times, fire_tasks): (i64, i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), COUNT(DISTINCT fire_at), COUNT(task_id) FROM schedule_fires WHERE schedule_id = $1",
+    )
+    .bind(&schedule)
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    let fired: Vec<_> = tasks
+        .iter()
+        .filter(|t| t.2.as_deref() == Some(schedule.as_str()))
+        .collect();
+    let keys: HashSet<_> = fired.iter().map(|t| t.3.clone()).collect();
+    assert_eq!(fire_rows, fire_times, "one record per fire time");
+    assert_eq!(fired.len() as i64, fire_tasks, "one task per created fire");
+    assert_eq!(keys.len(), fired.len(), "no fire time has two tasks");
+
+    let limit = (LEASE_TTL + Duration::from_secs(2)).as_millis() as i64;
+    println!("chaos figures:");
+    println!(
+        "  tasks accepted {}, SUCCEEDED {} (states {by_state:?}), schedule fires {fire_rows} -> {} tasks",
+        accepted.len(),
+        by_state.get("SUCCEEDED").copied().unwrap_or(0),
+        fired.len()
+    );
+    println!(
+        "  handler executions {} for {} tasks: {extra} extra, on {} tasks; earlier executions explained by a killed worker {by_worker_kill}, by a killed replica {by_replica_kill}, unexplained 0",
+        ledger.len(),
+        per_task.len(),
+        per_task.values().filter(|l| l.len() > 1).count()
+    );
+    println!("  attempts {}, tasks SUCCEEDED twice 0", attempts.len());
+    for (reason, n) in &why {
+        println!("    earlier execution ended {reason}: {n}");
+    }
+    println!(
+        "  kills: {} workers ({:?}), {} leaders; fenced leader writes seen on live replicas {fenced}",
+        worker_kills.len(),
+        worker_kills
+            .iter()
+            .map(|k| k.who.as_str())
+            .collect::<Vec<_>>(),
+        leader_kills.len()
+    );
+    for (n, (ms, old, new)) in takeovers.iter().enumerate() {
+        println!(
+            "  leader kill {}: token {old} -> {new}, new leader fired {ms} ms after the kill (limit {limit} ms)",
+            n + 1
+        );
+    }
+    println!("  chaos phase {chaos_secs:.1} s, all terminal at {settled_secs:.1} s");
+    for (n, (ms, _, _)) in takeovers.iter().enumerate() {
+        assert!(
+            *ms <= limit,
+            "leader kill {}: the new leader fired {ms} ms after it, more than lease TTL + 2 s",
+            n + 1
+        );
+    }
+    assert!(
+        worker_kills.len() >= WORKERS,
+        "workers were killed every few seconds"
+    );
+}
+
+fn retry_policy() -> pb::RetryPolicy {
+    pb::RetryPolicy {
+        max_attempts: 25,
+        initial_backoff: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 100_000_000,
+        }),
+        multiplier: 2.0,
+        max_backoff: Some(prost_types::Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
+    }
+}
+
+/// A lazily connecting client: a dead replica fails its calls quickly and
+/// its replacement on the same port is reached again.
+fn client(url: &str) -> TaskApiClient<Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(url.to_string())
+        .unwrap()
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(10))
+        .connect_lazy();
+    TaskApiClient::new(ch)
+}
+
+/// Worker `w{n}` in `slot`, trying the replicas starting from `slot`'s.
+fn start_worker(cluster: &Cluster, urls: &[String], slot: usize, n: usize) -> (String, Child) {
+    let id = format!("w{n}");
+    let mut order: Vec<String> = urls.to_vec();
+    order.rotate_left(slot % urls.len());
+    let ledger = cluster.path(&format!("ledger-{id}"));
+    let child = cluster.worker(&id, &order, WORKER_SLOTS, &ledger);
+    (id, child)
+}
+
+/// Submits `TASKS` sleep tasks in batches, one replica after the other; a
+/// batch that fails (its replica died) is sent again, with the same client
+/// request ids, to the next one. Returns the accepted task ids.
+async fn submit_all(urls: Vec<String>) -> Vec<String> {
+    let clients: Vec<_> = urls.iter().map(|u| client(u)).collect();
+    let mut accepted = Vec::with_capacity(TASKS);
+    let mut pace = tokio::time::interval(SUBMIT_EVERY);
+    let payload = format!(r#"{{"ms":{TASK_MS}}}"#).into_bytes();
+    for b in 0..TASKS / BATCH {
+        pace.tick().await;
+        let batch: Vec<_> = (0..BATCH)
+            .map(|j| pb::SubmitTaskRequest {
+                handler: "sleep".into(),
+                payload: Some(pb::Payload {
+                    data: payload.clone(),
+                    content_type: "application/json".into(),
+                }),
+                client_request_id: format!("chaos-{b}-{j}"),
+                retry_policy: Some(retry_policy()),
+                ..Default::default()
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut target = b;
+        let results = loop {
+            let mut c = clients[target % clients.len()].clone();
+            match c
+                .submit_tasks(pb::SubmitTasksRequest {
+                    tasks: batch.clone(),
+                })
+                .await
+            {
+                Ok(r) => break r.into_inner().results,
+                Err(status) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "batch {b} refused for 60 s, last: {status}"
+                    );
+                    target += 1;
+                    // Retry pacing of a condition with a deadline.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        for (j, r) in results.into_iter().enumerate() {
+            let a = r.accepted.unwrap_or_else(|| {
+                panic!("task {b}-{j} refused: {} {}", r.error_code, r.error_message)
+            });
+            accepted.push(a.task_id);
+        }
+    }
+    accepted
+}
+
+/// The replica holding the lease (exactly one reports it).
+async fn leader_index(replicas: &[Replica]) -> usize {
+    wait_for("exactly one leader", Duration::from_secs(20), || async {
+        let mut leading = Vec::new();
+        for (i, r) in replicas.iter().enumerate() {
+            if leads(r.http).await {
+                leading.push(i);
+            }
+        }
+        (leading.len() == 1).then(|| leading[0])
+    })
+    .await
+}
+
+#[derive(Debug)]
+struct LedgerLine {
+    task_id: String,
+    attempt: i64,
+    execution_id: String,
+    worker_id: String,
+}
+
+/// Every line of the ledgers of workers `w1..=w{started}`.
+fn read_ledgers(cluster: &Cluster, started: usize) -> Vec<LedgerLine> {
+    let mut out = Vec::new();
+    for n in 1..=started {
+        let path = cluster.path(&format!("ledger-w{n}"));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            assert_eq!(
+                f.len(),
+                4,
+                "a whole ledger line in {}: {line:?}",
+                path.display()
+            );
+            out.push(LedgerLine {
+                task_id: f[0].into(),
+                attempt: f[1].parse().unwrap(),
+                execution_id: f[2].into(),
+                worker_id: f[3].into(),
+            });
+        }
+    }
+    out
+}
