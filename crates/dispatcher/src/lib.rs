@@ -209,7 +209,21 @@ impl Dispatcher {
 
         let addr: Option<SocketAddr> = listener.local_addr().ok();
         info!(grpc_addr = ?addr, "grpc server listening");
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Nagle off on every accepted connection: an assignment or a receipt
+        // is one small frame, and held back until the peer's delayed ACK
+        // (40 ms on Linux) it cost every task that much between push and
+        // ACK. tonic ignores `Server::tcp_nodelay` with an incoming stream of
+        // our own, so it is set here.
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |conn| {
+                conn.inspect(|tcp| {
+                    if let Err(err) = tcp.set_nodelay(true) {
+                        warn!(error = %err, "cannot set TCP_NODELAY on a connection");
+                    }
+                })
+            },
+        );
         let drain = shared.clone();
         let result = tonic::transport::Server::builder()
             // Outermost: a span per request, so everything below logs inside

@@ -165,6 +165,13 @@ impl Gateway {
         let streams = self.shared.shutdown.clone();
         let addr = listener.local_addr().ok();
         tracing::info!(http_addr = ?addr, "rest gateway listening");
+        // Nagle off, as on the gRPC port: small responses and SSE events
+        // must not wait for the client's delayed ACK.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(err) = tcp.set_nodelay(true) {
+                tracing::warn!(error = %err, "cannot set TCP_NODELAY on a connection");
+            }
+        });
         axum::serve(listener, router)
             .with_graceful_shutdown(async move {
                 shutdown.cancelled().await;
