@@ -25,6 +25,7 @@ use crate::{
     batcher::Batcher,
     convert::{duration, timestamp},
     registry::{After, Registry, Reserved},
+    submitter::Submitter,
 };
 
 /// Everything the services and the engine share.
@@ -48,6 +49,8 @@ pub struct Shared {
     pub breakers: Breakers,
     /// Group commit of ACKs and results.
     pub batcher: Batcher,
+    /// Group commit of single submits.
+    pub submitter: Submitter,
     /// Counters of the engine's work.
     pub stats: Arc<DispatchStats>,
 }

@@ -16,6 +16,7 @@ pub mod layers;
 mod registry;
 mod schedule_api;
 mod stream;
+mod submitter;
 mod task_api;
 pub mod trace_context;
 
@@ -41,6 +42,7 @@ pub use error::{Error, grpc_code};
 pub use health::HEALTH_SERVICE_NAMES;
 pub use registry::{Heartbeat, Registration, Registry, Reserved};
 pub use stream::DispatcherService;
+pub use submitter::Submitter;
 pub use task_api::TaskApiService;
 
 /// How the dispatcher and its gRPC server behave.
@@ -113,6 +115,7 @@ impl Dispatcher {
                 scheduler,
                 breakers,
                 batcher: Batcher::start(store.clone(), clock.clone(), 1_024),
+                submitter: Submitter::start(store.clone(), clock.clone(), 1_000),
                 stats: Arc::default(),
                 store,
                 clock,

@@ -189,8 +189,8 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         let fingerprint = task.request_fingerprint(fp_run_at);
         let created = self
             .shared
-            .store
-            .create_task(task, &fingerprint, now)
+            .submitter
+            .create(task, fingerprint)
             .await
             .map_err(Error::from)?;
         let t = &created.task;
@@ -440,8 +440,8 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         if !valid.is_empty() {
             let created = self
                 .shared
-                .store
-                .create_tasks(valid, now)
+                .submitter
+                .create_many(valid)
                 .await
                 .map_err(Error::from)?;
             let (mut ready, mut later) = (false, false);
