@@ -34,6 +34,10 @@ pub const SERVER: &str = "TASKMESH_SERVER";
 pub const HANDLERS: &str = "TASKMESH_HANDLERS";
 /// Worker concurrency (slots).
 pub const CONCURRENCY: &str = "TASKMESH_CONCURRENCY";
+/// Push mode (`worker`): the address the worker's `Worker` service listens on.
+pub const PUSH_LISTEN: &str = "TASKMESH_PUSH_LISTEN";
+/// Push mode (`worker`): the URL servers call the worker at.
+pub const PUSH_ADVERTISE: &str = "TASKMESH_PUSH_ADVERTISE";
 /// Log format: "text" or "json".
 pub const LOG_FORMAT: &str = "TASKMESH_LOG_FORMAT";
 /// Log filter, in `tracing_subscriber::EnvFilter` syntax.

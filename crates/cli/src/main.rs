@@ -32,7 +32,8 @@ enum Command {
     /// Run a node with an in-process worker serving the built-in handlers
     /// (echo, sleep, fail): the one-command demo.
     Dev(ServeArgs),
-    /// Run a worker with the built-in handlers against one or more servers.
+    /// Run a worker with the built-in handlers against one or more servers:
+    /// over a stream (default), or in push mode with --push-listen.
     Worker(WorkerArgs),
     /// Submit a task.
     Submit(client::SubmitArgs),
@@ -156,6 +157,17 @@ struct WorkerArgs {
     /// worker_id) to this file before it runs.
     #[arg(long)]
     ledger: Option<PathBuf>,
+    /// Push mode: instead of holding a stream, serve the taskmesh.v1.Worker
+    /// gRPC service on this address (e.g. 127.0.0.1:7070; port 0 picks one)
+    /// and register it with the server, which then calls Worker.Execute for
+    /// each task and probes the worker to see that it is alive.
+    #[arg(long, env = env::PUSH_LISTEN, value_name = "HOST:PORT")]
+    push_listen: Option<std::net::SocketAddr>,
+    /// Push mode: the URL the servers call, e.g. http://10.0.0.7:7070
+    /// (default: http:// and the address bound by --push-listen; required
+    /// when that listens on 0.0.0.0).
+    #[arg(long, env = env::PUSH_ADVERTISE, value_name = "URL", requires = "push_listen")]
+    push_advertise: Option<String>,
     #[command(flatten)]
     log: logging::LogArgs,
 }
@@ -247,6 +259,8 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let _tracing = args.log.init("taskmesh-worker");
     let mut opts = taskmesh_worker::WorkerOptions::new(args.server);
     opts.concurrency = args.concurrency;
+    opts.push_listen = args.push_listen;
+    opts.push_advertise = args.push_advertise;
     if let Some(id) = args.worker_id {
         opts.worker_id = id;
     }

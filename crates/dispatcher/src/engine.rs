@@ -13,7 +13,7 @@ use std::time::Duration;
 use taskmesh::v1 as pb;
 use taskmesh_coord::Coordinator;
 use taskmesh_core::breaker::Breakers;
-use taskmesh_core::{Clock, Event, ReleaseReason, TaskRecord, TaskState, id};
+use taskmesh_core::{Clock, Event, TaskRecord, TaskState, id};
 use taskmesh_scheduler::{Reaped, SchedulerHandle, meters};
 use taskmesh_store::{Claim, Store};
 use tokio::sync::{Notify, mpsc};
@@ -53,6 +53,8 @@ pub struct Shared {
     pub submitter: Submitter,
     /// Counters of the engine's work.
     pub stats: Arc<DispatchStats>,
+    /// Push-mode sessions (workers this node calls with `Worker.Execute`).
+    pub push: crate::push::PushWorkers,
 }
 
 /// Counters of the engine's work, for tests and benchmarks: they show the
@@ -376,11 +378,7 @@ async fn push(shared: &Shared, task: TaskRecord) {
 async fn release_unsent(shared: &Shared, task: &TaskRecord, execution_id: &str, why: &str) {
     info!(task_id = %task.id, execution_id = %execution_id, reason = why, "push failed, task taken back");
     shared.stats.unsent.fetch_add(1, Ordering::Relaxed);
-    let event = Event::Release {
-        execution_id: execution_id.to_string(),
-        reason: ReleaseReason::WorkerLost,
-        message: why.to_string(),
-    };
+    let event = crate::lost::lost_event(execution_id, why);
     // The stream is marked closed or busy as its slot frees, so the claim
     // that follows goes to the next candidate.
     if let Err(err) = shared

@@ -13,6 +13,8 @@ mod error;
 mod gauges;
 mod health;
 pub mod layers;
+mod lost;
+mod push;
 mod registry;
 mod schedule_api;
 mod stream;
@@ -26,8 +28,8 @@ use std::time::Duration;
 
 use taskmesh::v1::{dispatcher_server::DispatcherServer, task_api_server::TaskApiServer};
 use taskmesh_coord::Coordinator;
+use taskmesh_core::Clock;
 use taskmesh_core::breaker::Breakers;
-use taskmesh_core::{Clock, Event, ReleaseReason};
 use taskmesh_scheduler::{Reaped, SchedulerHandle};
 use taskmesh_store::Store;
 use tokio::net::TcpListener;
@@ -40,6 +42,7 @@ pub use batcher::Batcher;
 pub use engine::{DispatchStats, Shared};
 pub use error::{Error, grpc_code};
 pub use health::HEALTH_SERVICE_NAMES;
+pub use push::PushWorkers;
 pub use registry::{Heartbeat, Registration, Registry, Reserved};
 pub use stream::DispatcherService;
 pub use submitter::Submitter;
@@ -117,6 +120,7 @@ impl Dispatcher {
                 batcher: Batcher::start(store.clone(), clock.clone(), 1_024),
                 submitter: Submitter::start(store.clone(), clock.clone(), 1_000),
                 stats: Arc::default(),
+                push: Default::default(),
                 store,
                 clock,
             },
@@ -127,24 +131,15 @@ impl Dispatcher {
     /// Takes back every attempt left in flight by an earlier run of this
     /// node: no stream survives a restart, so their workers are lost to us.
     pub async fn recover(&self) -> Result<usize, Error> {
-        let store = &self.shared.store;
-        let orphans = store.in_flight(None).await?;
-        let events: Vec<(String, Event)> = orphans
-            .into_iter()
-            .filter_map(|t| {
-                Some((
-                    t.id,
-                    Event::Release {
-                        execution_id: t.execution_id?,
-                        reason: ReleaseReason::WorkerLost,
-                        message: "server restarted during the attempt".into(),
-                    },
-                ))
-            })
-            .collect();
-        let now = self.shared.clock.now_millis();
-        let results = store.transition_many(&events, now, None).await?;
-        let recovered = results.iter().filter(|r| r.is_ok()).count();
+        let orphans = self.shared.store.in_flight(None).await?;
+        let recovered = lost::release_lost(
+            &self.shared,
+            orphans,
+            |_| true,
+            "server restarted during the attempt",
+        )
+        .await?
+        .len();
         if recovered > 0 {
             info!(
                 recovered,
@@ -256,6 +251,9 @@ impl Dispatcher {
             .add_service(reflection_v1alpha)
             .serve_with_incoming_shutdown(incoming, async move {
                 shutdown.cancelled().await;
+                // Push links stop; their sessions are lost like the streams
+                // this shutdown closes.
+                drain.push.stop();
                 for tx in drain.registry.senders() {
                     let _ = tx.try_send(Ok(taskmesh::v1::ConnectResponse {
                         message: Some(taskmesh::v1::connect_response::Message::Drain(

@@ -297,6 +297,14 @@ impl Registry {
             .count()
     }
 
+    /// How many attempts the session holds; `None` if it is not here.
+    pub fn in_flight_of(&self, session_id: &str) -> Option<usize> {
+        self.lock()
+            .sessions
+            .get(session_id)
+            .map(|s| s.in_flight.len())
+    }
+
     /// Whether a stream announced a drain.
     pub fn is_draining(&self, session_id: &str) -> bool {
         self.lock()

@@ -21,6 +21,7 @@ use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 use crate::{
     convert::duration,
     engine::{Shared, outcome_of},
+    lost, push,
     registry::{After, Heartbeat, Registration, StreamTx},
 };
 
@@ -117,7 +118,7 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
             // back now rather than at their execution deadline.
             let shared = self.shared.clone();
             let worker_id = reg.worker_id.clone();
-            tokio::spawn(async move { release_earlier_attempts(&shared, &worker_id).await });
+            tokio::spawn(async move { lost::release_earlier_attempts(&shared, &worker_id).await });
         }
         self.shared.wake.notify_one();
 
@@ -128,15 +129,43 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         tokio::spawn(
             async move {
                 let reason = read_loop(&shared, &session_id, &tx, inbound, entry).await;
-                lose_session(&shared, &session_id, &worker_id, &reason).await;
+                lost::lose_session(&shared, &session_id, &worker_id, &reason).await;
             }
             .instrument(span),
         );
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+
+    async fn register_push_worker(
+        &self,
+        request: Request<pb::RegisterPushWorkerRequest>,
+    ) -> Result<Response<pb::RegisterPushWorkerResponse>, Status> {
+        let registered = push::register(&self.shared, request.into_inner()).await?;
+        Ok(Response::new(pb::RegisterPushWorkerResponse {
+            registered: Some(registered),
+        }))
+    }
+
+    async fn report_result(
+        &self,
+        request: Request<pb::ReportResultRequest>,
+    ) -> Result<Response<pb::ReportResultResponse>, Status> {
+        let recorded = push::report(&self.shared, request.into_inner()).await?;
+        Ok(Response::new(pb::ReportResultResponse {
+            recorded: Some(recorded),
+        }))
+    }
+
+    async fn deregister_push_worker(
+        &self,
+        request: Request<pb::DeregisterPushWorkerRequest>,
+    ) -> Result<Response<pb::DeregisterPushWorkerResponse>, Status> {
+        push::deregister(&self.shared, request.into_inner()).await?;
+        Ok(Response::new(pb::DeregisterPushWorkerResponse {}))
+    }
 }
 
-fn validate_registration(reg: &pb::WorkerRegistration) -> Result<(), Status> {
+pub(crate) fn validate_registration(reg: &pb::WorkerRegistration) -> Result<(), Status> {
     let bad = |m: String| Err(Status::invalid_argument(m));
     if reg.worker_id.is_empty() {
         return bad("register.worker_id must not be empty".into());
@@ -162,7 +191,7 @@ fn validate_registration(reg: &pb::WorkerRegistration) -> Result<(), Status> {
 
 /// Work waiting for a batch to commit: the receipt and the slot's release
 /// of an ACK or a result.
-type AfterCommit = Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+pub(crate) type AfterCommit = Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Reads the worker's messages until the stream ends; returns why it ended.
 ///
@@ -272,7 +301,7 @@ fn receipt(tx: &StreamTx, task_id: &str, execution_id: &str, result: Result<(), 
 }
 
 /// Queues an ACK; returns what must run once it is durable.
-async fn on_ack(
+pub(crate) async fn on_ack(
     shared: &Shared,
     session_id: &str,
     tx: &StreamTx,
@@ -318,7 +347,7 @@ async fn on_ack(
     }))
 }
 
-async fn on_reject(shared: &Shared, session_id: &str, rej: pb::TaskReject) {
+pub(crate) async fn on_reject(shared: &Shared, session_id: &str, rej: pb::TaskReject) {
     if !shared.registry.holds(session_id, &rej.execution_id) {
         return;
     }
@@ -354,14 +383,40 @@ async fn on_complete(
     tx: &StreamTx,
     done: pb::TaskComplete,
 ) -> Option<AfterCommit> {
+    let recorded = record_complete(shared, session_id, done).await;
+    let tx = tx.clone();
+    Some(Box::pin(async move {
+        let r = recorded.await;
+        let _ = tx.try_send(Ok(pb::ConnectResponse {
+            message: Some(Out::Recorded(r)),
+        }));
+    }))
+}
+
+/// What a result's receipt will say, once known.
+pub(crate) type Recording = Pin<Box<dyn std::future::Future<Output = pb::ResultRecorded> + Send>>;
+
+/// Queues the result of an attempt held by `session_id` (stream or push
+/// mode) on the batcher and returns its receipt, which resolves once the
+/// result is durable (or at once when the session does not hold the
+/// attempt: a stale result). The slot frees after the commit.
+pub(crate) async fn record_complete(
+    shared: &Shared,
+    session_id: &str,
+    done: pb::TaskComplete,
+) -> Recording {
+    let refused = |done: &pb::TaskComplete, message: String| pb::ResultRecorded {
+        task_id: done.task_id.clone(),
+        execution_id: done.execution_id.clone(),
+        accepted: false,
+        message,
+    };
     if !shared.registry.holds(session_id, &done.execution_id) {
-        receipt(
-            tx,
-            &done.task_id,
-            &done.execution_id,
-            Err("stale attempt: this stream does not hold it".into()),
+        let r = refused(
+            &done,
+            "stale attempt: this worker session does not hold it".into(),
         );
-        return None;
+        return Box::pin(std::future::ready(r));
     }
     let event = match done.result {
         Some(pb::task_complete::Result::Success(s)) => {
@@ -395,126 +450,30 @@ async fn on_complete(
         execution_id = %done.execution_id,
     );
     let pending = shared.batcher.enqueue(&done.task_id, event).await;
-    let (shared, tx) = (shared.clone(), tx.clone());
+    let shared = shared.clone();
     let (task_id, execution_id) = (done.task_id, done.execution_id);
-    Some(Box::pin(async move {
+    Box::pin(async move {
         let result = pending.await;
         if let Ok(task) = &result {
             crate::trace_context::continue_from(&span, &task.traceparent);
         }
         drop(span);
         shared.attempt_ended(&execution_id, outcome, After::Free, &result);
-        match result {
+        let (accepted, message) = match result {
             Ok(task) => {
                 debug!(task_id = %task.id, attempt = task.attempt, execution_id = %execution_id, state = %task.state, "result recorded");
-                receipt(&tx, &task_id, &execution_id, Ok(()));
+                (true, String::new())
             }
             Err(err) => {
                 info!(task_id = %task_id, execution_id = %execution_id, error = %err, "result refused");
-                receipt(&tx, &task_id, &execution_id, Err(err.to_string()));
+                (false, err.to_string())
             }
+        };
+        pb::ResultRecorded {
+            task_id,
+            execution_id,
+            accepted,
+            message,
         }
-    }))
-}
-
-/// Takes back the in-flight attempts of `worker_id` that no stream of this
-/// worker holds (they were pushed to a session that is gone).
-async fn release_earlier_attempts(shared: &Shared, worker_id: &str) {
-    let tasks = match shared.store.in_flight(Some(worker_id)).await {
-        Ok(t) => t,
-        Err(err) => {
-            warn!(worker_id, error = %err, "cannot read the earlier attempts of a reconnected worker");
-            return;
-        }
-    };
-    let events: Vec<(String, Event)> = tasks
-        .into_iter()
-        .filter_map(|t| {
-            let exec = t.execution_id?;
-            (shared.registry.sender_of(&exec).is_none()).then(|| {
-                (
-                    t.id,
-                    Event::Release {
-                        execution_id: exec,
-                        reason: ReleaseReason::WorkerLost,
-                        message: "the worker reconnected; its earlier stream is gone".into(),
-                    },
-                )
-            })
-        })
-        .collect();
-    if events.is_empty() {
-        return;
-    }
-    let now = shared.clock.now_millis();
-    match shared.store.transition_many(&events, now, None).await {
-        Ok(results) => {
-            let n = results.iter().filter(|r| r.is_ok()).count();
-            info!(
-                worker_id,
-                released = n,
-                "attempts of a reconnected worker's earlier stream taken back"
-            );
-            shared.wake.notify_one();
-        }
-        Err(err) => {
-            warn!(worker_id, error = %err, "cannot take back a reconnected worker's earlier attempts")
-        }
-    }
-}
-
-/// Takes back every attempt of a lost stream.
-async fn lose_session(shared: &Shared, session_id: &str, worker_id: &str, reason: &str) {
-    let execs = shared.registry.remove(session_id);
-    if let Err(err) = shared.coord.remove_worker(session_id).await {
-        // Its entry expires by its TTL instead.
-        warn!(error = %err, "cannot remove the worker's cluster-wide entry");
-    }
-    info!(reason, in_flight = execs.len(), "worker stream lost");
-    if execs.is_empty() {
-        return;
-    }
-    // Only this worker's attempts can be this stream's: read those, not
-    // every task in flight.
-    let in_flight = match shared.store.in_flight(Some(worker_id)).await {
-        Ok(tasks) => tasks,
-        Err(err) => {
-            // The ACK and execution reapers will take them back later.
-            warn!(error = %err, "could not read in-flight tasks of a lost stream");
-            return;
-        }
-    };
-    let now = shared.clock.now_millis();
-    let events: Vec<(String, Event)> = in_flight
-        .into_iter()
-        .filter_map(|t| {
-            let exec = t.execution_id?;
-            execs.contains(&exec).then(|| {
-                (
-                    t.id,
-                    Event::Release {
-                        execution_id: exec,
-                        reason: ReleaseReason::WorkerLost,
-                        message: reason.to_string(),
-                    },
-                )
-            })
-        })
-        .collect();
-    match shared.store.transition_many(&events, now, None).await {
-        Ok(results) => {
-            for ((task_id, _), r) in events.iter().zip(results) {
-                match r {
-                    Ok(t) => {
-                        info!(task_id = %task_id, state = %t.state, "task taken back from a lost worker")
-                    }
-                    Err(err) => {
-                        debug!(task_id = %task_id, error = %err, "lost attempt already ended")
-                    }
-                }
-            }
-        }
-        Err(err) => warn!(error = %err, "could not take back tasks of a lost stream"),
-    }
-    shared.wake.notify_one();
+    })
 }

@@ -18,6 +18,14 @@ pub enum Error {
     /// The outbound half of the stream closed while the worker was writing.
     #[error("stream closed")]
     StreamClosed,
+    /// Push mode: the `Worker` service could not listen on its address.
+    #[error("cannot listen on the push address {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 impl From<tonic::Status> for Error {

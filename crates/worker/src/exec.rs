@@ -21,15 +21,19 @@ pub(crate) struct Done {
 }
 
 /// Spawns the handler on the worker's tracker. The slot `permit` is released
-/// before the result is handed to `done`, so a slot is free again by the time
-/// the server sees the completion.
-pub(crate) fn spawn(
+/// before the result is handed to `report`, so a slot is free again by the
+/// time the server sees the completion. `report` runs inside the tracked
+/// task, so a drain waits for the report too, not only for the handler.
+pub(crate) fn spawn<F, Fut>(
     shared: &Arc<Shared>,
     handler: Arc<dyn Handler>,
     ctx: TaskContext,
     permit: OwnedSemaphorePermit,
-    done: mpsc::UnboundedSender<Done>,
-) {
+    report: F,
+) where
+    F: FnOnce(Done) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let shared = shared.clone();
     let tracker = shared.tracker.clone();
     tracker.spawn(async move {
@@ -81,12 +85,22 @@ pub(crate) fn spawn(
             ok = result.is_ok(),
             "handler finished"
         );
-        let report = Done {
+        report(Done {
             task_id,
             execution_id,
             attempt,
             result,
-        };
+        })
+        .await;
+    });
+}
+
+/// A reporter for [`spawn`] that hands the result to a stream session.
+pub(crate) fn to_session(
+    worker_id: String,
+    done: mpsc::UnboundedSender<Done>,
+) -> impl FnOnce(Done) -> std::future::Ready<()> + Send + 'static {
+    move |report| {
         if let Err(mpsc::error::SendError(report)) = done.send(report) {
             debug!(
                 worker_id,
@@ -96,7 +110,8 @@ pub(crate) fn spawn(
                 "session ended; dropping result of its task"
             );
         }
-    });
+        std::future::ready(())
+    }
 }
 
 /// The text of a panic payload.

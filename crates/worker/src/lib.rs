@@ -6,6 +6,11 @@
 //! number of slots, reports their results, reconnects with backoff and
 //! failover, and drains gracefully on shutdown.
 //!
+//! It also owns push mode ([`WorkerOptions::push_listen`]): the worker serves
+//! the `Worker` service, registers its address with `RegisterPushWorker`,
+//! receives assignments as `Worker.Execute` calls and reports results with
+//! `ReportResult`. Handlers cannot tell the two modes apart.
+//!
 //! It depends only on the `taskmesh` contract crate (the code generated from
 //! `proto/`) and must never depend on server internals (`taskmesh-core`,
 //! `taskmesh-dispatcher`, ...): a worker talks to the server through the wire
@@ -33,6 +38,7 @@ mod error;
 mod exec;
 mod handler;
 mod options;
+mod push;
 mod session;
 mod stats;
 mod trace_context;

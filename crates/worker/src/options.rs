@@ -1,6 +1,7 @@
 //! Worker configuration.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::Error;
@@ -26,6 +27,14 @@ pub struct WorkerOptions {
     pub reconnect_max: Duration,
     /// How long a graceful drain waits for running handlers.
     pub drain_timeout: Duration,
+    /// Push mode: serve `taskmesh.v1.Worker` on this address and register
+    /// it with `RegisterPushWorker` instead of holding a stream. Port 0
+    /// picks a free port.
+    pub push_listen: Option<SocketAddr>,
+    /// Push mode: the URL the servers call, e.g. `http://10.0.0.7:7070`;
+    /// by default `http://` and the address actually bound (which needs a
+    /// concrete listen IP, not 0.0.0.0).
+    pub push_advertise: Option<String>,
 }
 
 impl WorkerOptions {
@@ -42,6 +51,8 @@ impl WorkerOptions {
             reconnect_initial: Duration::from_millis(200),
             reconnect_max: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(30),
+            push_listen: None,
+            push_advertise: None,
         }
     }
 
@@ -77,6 +88,24 @@ impl WorkerOptions {
             return Err(Error::InvalidOptions(
                 "reconnect_initial must not exceed reconnect_max".into(),
             ));
+        }
+        if let Some(advertise) = &self.push_advertise {
+            if self.push_listen.is_none() {
+                return Err(Error::InvalidOptions(
+                    "push_advertise needs push_listen (push mode)".into(),
+                ));
+            }
+            if !advertise.starts_with("http://") {
+                return Err(Error::InvalidOptions(format!(
+                    "push_advertise {advertise:?} must be an http:// URL with a host and port"
+                )));
+            }
+        } else if let Some(listen) = self.push_listen
+            && listen.ip().is_unspecified()
+        {
+            return Err(Error::InvalidOptions(format!(
+                "push_listen {listen} binds every interface: give push_advertise, the URL servers should call"
+            )));
         }
         Ok(())
     }
@@ -120,6 +149,22 @@ mod tests {
         assert!(o.validate().is_err());
         let mut o = WorkerOptions::new(vec!["https://a:1".into()]);
         o.worker_id.clear();
+        assert!(o.validate().is_err());
+    }
+
+    #[test]
+    fn push_mode_needs_an_address_servers_can_call() {
+        let mut o = WorkerOptions::new(vec!["http://a:1".into()]);
+        o.push_listen = Some("127.0.0.1:0".parse().unwrap());
+        o.validate().unwrap();
+        o.push_listen = Some("0.0.0.0:7070".parse().unwrap());
+        assert!(o.validate().is_err());
+        o.push_advertise = Some("http://10.0.0.7:7070".into());
+        o.validate().unwrap();
+        o.push_advertise = Some("10.0.0.7:7070".into());
+        assert!(o.validate().is_err());
+        o.push_listen = None;
+        o.push_advertise = Some("http://10.0.0.7:7070".into());
         assert!(o.validate().is_err());
     }
 }

@@ -306,7 +306,7 @@ impl Session<'_> {
             handler,
             context(a, cancel),
             permit,
-            self.done_tx.clone(),
+            exec::to_session(self.shared.opts.worker_id.clone(), self.done_tx.clone()),
         );
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! The [`Worker`] and its [`WorkerHandle`]: the reconnect/failover loop.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
@@ -24,6 +25,8 @@ pub(crate) struct HandleState {
     capacity: u32,
     pub(crate) sessions: AtomicU64,
     pub(crate) connected: watch::Sender<bool>,
+    /// Push mode: the address the `Worker` service is bound to.
+    pub(crate) push_addr: OnceLock<SocketAddr>,
 }
 
 /// Everything a running worker's sessions and handler tasks share.
@@ -81,6 +84,7 @@ impl Worker {
             capacity: opts.concurrency,
             sessions: AtomicU64::new(0),
             connected: watch::Sender::new(false),
+            push_addr: OnceLock::new(),
         });
         Worker {
             opts,
@@ -112,6 +116,10 @@ impl Worker {
         }
     }
 
+    /// With [`WorkerOptions::push_listen`] set, runs in push mode instead:
+    /// serves `taskmesh.v1.Worker` there, registers the address with the
+    /// first server that answers and refreshes it every heartbeat interval.
+    ///
     /// Connects, serves assignments and reconnects (with backoff and
     /// failover across `servers`) until `shutdown` is cancelled; then drains:
     /// sends `draining`, rejects new work with BUSY, waits up to
@@ -137,6 +145,11 @@ impl Worker {
             shutdown_deadline: OnceLock::new(),
             opts: self.opts,
         });
+        if let Some(listen) = shared.opts.push_listen {
+            crate::push::run(&shared, listen, &shutdown).await?;
+            info!(worker_id = shared.opts.worker_id.as_str(), "worker stopped");
+            return Ok(());
+        }
         let worker_id = shared.opts.worker_id.as_str();
         let servers = &shared.opts.servers;
         let mut backoff = Backoff::new(shared.opts.reconnect_initial, shared.opts.reconnect_max);
@@ -181,7 +194,7 @@ impl Worker {
 
 /// Waits (until the shutdown deadline) for handlers still running, e.g.
 /// those of dead sessions, then cancels any that remain.
-async fn finish(shared: &Shared) {
+pub(crate) async fn finish(shared: &Shared) {
     shared.tracker.close();
     let deadline = shared.shutdown_deadline();
     if tokio::time::timeout_at(deadline, shared.tracker.wait())
@@ -218,7 +231,13 @@ impl WorkerHandle {
         self.state.capacity_used()
     }
 
-    /// True while a registered session is open.
+    /// Push mode: the address the `Worker` service is bound to, once bound.
+    pub fn push_address(&self) -> Option<SocketAddr> {
+        self.state.push_addr.get().copied()
+    }
+
+    /// True while a registered session is open (push mode: while the last
+    /// registration or refresh succeeded).
     pub fn is_connected(&self) -> bool {
         *self.state.connected.borrow()
     }

@@ -1,0 +1,582 @@
+//! Push mode: a worker that serves the `Worker` service registers its
+//! address (`RegisterPushWorker`) instead of holding a stream, and this node
+//! calls it.
+//!
+//! A push session is a registry entry like a stream — same pools, balancer,
+//! in-flight accounting, cluster-wide entry — whose queue is read by a
+//! *link* task instead of a gRPC response stream. The link turns each
+//! queued assignment into a `Worker.Execute` call (accepted = the ACK,
+//! refused = a reject, failed = a push that could not be sent), each cancel
+//! into `Worker.Cancel`, and probes the worker with `Worker.Probe` every
+//! heartbeat interval. Everything after the call goes through the very
+//! functions a stream's messages go through, so the two kinds of worker
+//! cannot drift apart.
+//!
+//! Liveness: the worker re-registers every heartbeat interval (that
+//! refreshes the session); three probes failing in a row, or no refresh for
+//! three heartbeat intervals (the silence that loses a stream), lose the
+//! session exactly like a lost stream ([`crate::lost::lose_session`]).
+//!
+//! Architecture invariant: a push session is ended (and its attempts taken
+//! back) by whoever removes it from the [`PushWorkers`] table, once.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use taskmesh::v1::{self as pb, connect_response::Message as Out, worker_client::WorkerClient};
+use taskmesh_coord::{WorkerEntry, WorkerLoad};
+use taskmesh_core::id;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::convert::duration;
+use crate::engine::Shared;
+use crate::registry::{After, Heartbeat, Registration, StreamTx};
+use crate::{lost, stream};
+
+/// Probes failing in a row that lose a push worker.
+const PROBE_FAILURES: u32 = 3;
+/// Bound on opening a connection to a push worker.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest accepted push address.
+const MAX_ADDRESS_LEN: usize = 2048;
+
+/// The push-mode sessions of this node (cheap to clone).
+#[derive(Clone, Default)]
+pub struct PushWorkers {
+    sessions: Arc<Mutex<HashMap<String, PushSession>>>,
+    /// Cancelled when the node shuts down: every link ends.
+    stop: CancellationToken,
+}
+
+struct PushSession {
+    worker_id: String,
+    address: String,
+    registration: pb::WorkerRegistration,
+    /// The last registration (or refresh).
+    refreshed: Instant,
+    /// Deregistered: ends once nothing is in flight.
+    leaving: bool,
+    /// Cancelled when the session is removed: its link stops.
+    ended: CancellationToken,
+    /// The cluster-wide entry, refreshed by registrations and probes.
+    entry: WorkerEntry,
+}
+
+impl std::fmt::Debug for PushWorkers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushWorkers")
+            .field("sessions", &self.lock().len())
+            .finish()
+    }
+}
+
+impl PushWorkers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, PushSession>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends every link (the node is shutting down); their sessions are lost
+    /// like streams closed by the shutdown.
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// Push-mode sessions on this node now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when this node holds no push-mode session.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `RegisterPushWorker`: a new session, or the refresh of the worker's
+/// session at the same address on this node.
+pub(crate) async fn register(
+    shared: &Shared,
+    req: pb::RegisterPushWorkerRequest,
+) -> Result<pb::WorkerRegistered, Status> {
+    let reg = req
+        .registration
+        .ok_or_else(|| Status::invalid_argument("registration is required"))?;
+    stream::validate_registration(&reg)?;
+    validate_address(&req.address)?;
+    let answer = |session_id: String| pb::WorkerRegistered {
+        session_id,
+        heartbeat_interval: Some(duration(shared.opts.heartbeat_interval.as_millis() as i64)),
+        ack_timeout: Some(duration(shared.opts.ack_timeout.as_millis() as i64)),
+    };
+    let now = shared.clock.now_millis();
+
+    // A refresh: same worker, same address, same registration, not leaving.
+    let mut replaced = None;
+    let refreshed = {
+        let mut sessions = shared.push.lock();
+        let found = sessions
+            .iter_mut()
+            .find(|(_, s)| !s.leaving && s.worker_id == reg.worker_id && s.address == req.address);
+        match found {
+            Some((id, s)) if s.registration == reg => {
+                s.refreshed = Instant::now();
+                s.entry.last_seen = now;
+                Some((id.clone(), s.entry.clone()))
+            }
+            Some((id, _)) => {
+                replaced = Some(id.clone());
+                None
+            }
+            None => None,
+        }
+    };
+    if let Some((session_id, entry)) = refreshed {
+        shared.registry.touch(&session_id, now);
+        if let Err(err) = shared.coord.put_worker(entry).await {
+            // The probes refresh it again; the session itself is fine.
+            warn!(session_id = %session_id, error = %err, "cannot refresh the push worker's cluster-wide entry");
+        }
+        debug!(worker_id = %reg.worker_id, session_id = %session_id, "push worker refreshed");
+        return Ok(answer(session_id));
+    }
+    if let Some(old) = replaced {
+        // What it serves changed: the old session's attempts are taken back
+        // and the worker starts over under a new one.
+        end_session(
+            shared,
+            &old,
+            "the worker registered again with a new registration",
+        )
+        .await;
+    }
+
+    let channel = Endpoint::from_shared(req.address.clone())
+        .map_err(|e| Status::invalid_argument(format!("address {:?}: {e}", req.address)))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        .connect_lazy();
+    let max = shared.opts.max_message_bytes;
+    let client = WorkerClient::new(channel)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+
+    let session_id = id::new_session_id();
+    let entry = WorkerEntry {
+        session_id: session_id.clone(),
+        worker_id: reg.worker_id.clone(),
+        name: reg.name.clone(),
+        node_id: shared.coord.node_id().to_string(),
+        handlers: reg.handlers.clone(),
+        capacity: reg.capacity,
+        labels: reg.labels.clone().into_iter().collect(),
+        weight: reg.weight.max(1),
+        load: WorkerLoad::default(),
+        last_seen: now,
+        draining: false,
+    };
+    // Cluster-wide first, as for a stream: the leader takes back the
+    // attempts of sessions it cannot see.
+    shared
+        .coord
+        .put_worker(entry.clone())
+        .await
+        .map_err(|err| {
+            Status::unavailable(format!("cannot register the worker cluster-wide: {err}"))
+        })?;
+    let (tx, rx) = mpsc::channel(reg.capacity as usize * 2 + 64);
+    let ended = CancellationToken::new();
+    shared.push.lock().insert(
+        session_id.clone(),
+        PushSession {
+            worker_id: reg.worker_id.clone(),
+            address: req.address.clone(),
+            registration: reg.clone(),
+            refreshed: Instant::now(),
+            leaving: false,
+            ended: ended.clone(),
+            entry,
+        },
+    );
+    shared.registry.insert(Registration {
+        session_id: session_id.clone(),
+        worker_id: reg.worker_id.clone(),
+        name: reg.name.clone(),
+        handlers: reg.handlers.iter().cloned().collect::<HashSet<_>>(),
+        capacity: reg.capacity,
+        labels: reg.labels.clone().into_iter().collect(),
+        weight: reg.weight.max(1),
+        tx: tx.clone(),
+        now,
+    });
+    info!(worker_id = %reg.worker_id, session_id = %session_id, address = %req.address, handlers = ?reg.handlers, capacity = reg.capacity, "push worker registered");
+    if shared.registry.streams_of(&reg.worker_id) == 1 {
+        // As for a reconnecting stream: attempts pushed under an earlier
+        // session of this worker can never be reported; take them back.
+        let (shared, worker_id) = (shared.clone(), reg.worker_id.clone());
+        tokio::spawn(async move { lost::release_earlier_attempts(&shared, &worker_id).await });
+    }
+    let link = Link {
+        shared: shared.clone(),
+        session_id: session_id.clone(),
+        worker_id: reg.worker_id.clone(),
+        client,
+        tx,
+        ended,
+    };
+    let span = info_span!("push_worker", worker_id = %reg.worker_id, session_id = %session_id);
+    tokio::spawn(link.run(rx).instrument(span));
+    shared.wake.notify_one();
+    Ok(answer(session_id))
+}
+
+/// `ReportResult`: the result of an attempt pushed under `session_id`,
+/// answered once it is durable (or refused as stale).
+pub(crate) async fn report(
+    shared: &Shared,
+    req: pb::ReportResultRequest,
+) -> Result<pb::ResultRecorded, Status> {
+    if req.session_id.is_empty() {
+        return Err(Status::invalid_argument("session_id must not be empty"));
+    }
+    let done = req
+        .complete
+        .ok_or_else(|| Status::invalid_argument("complete is required"))?;
+    if done.task_id.is_empty() || done.execution_id.is_empty() {
+        return Err(Status::invalid_argument(
+            "complete.task_id and complete.execution_id must not be empty",
+        ));
+    }
+    if done.result.is_none() {
+        return Err(Status::invalid_argument(
+            "complete.result must be a success or a failure",
+        ));
+    }
+    if !shared.push.lock().contains_key(&req.session_id) {
+        return Err(unknown_session(&req.session_id));
+    }
+    Ok(stream::record_complete(shared, &req.session_id, done)
+        .await
+        .await)
+}
+
+/// `DeregisterPushWorker`: the session takes nothing new and ends once its
+/// running attempts have reported.
+pub(crate) async fn deregister(
+    shared: &Shared,
+    req: pb::DeregisterPushWorkerRequest,
+) -> Result<(), Status> {
+    if req.session_id.is_empty() {
+        return Err(Status::invalid_argument("session_id must not be empty"));
+    }
+    let entry = {
+        let mut sessions = shared.push.lock();
+        let s = sessions
+            .get_mut(&req.session_id)
+            .ok_or_else(|| unknown_session(&req.session_id))?;
+        s.leaving = true;
+        s.entry.draining = true;
+        s.entry.clone()
+    };
+    shared.registry.set_draining(&req.session_id);
+    info!(session_id = %req.session_id, reason = %req.reason, "push worker deregistered");
+    if shared.registry.in_flight_of(&req.session_id) == Some(0) {
+        end_session(shared, &req.session_id, "deregistered").await;
+    } else if let Err(err) = shared.coord.put_worker(entry).await {
+        warn!(error = %err, "cannot mark the push worker draining cluster-wide");
+    }
+    Ok(())
+}
+
+fn unknown_session(session_id: &str) -> Status {
+    Status::not_found(format!(
+        "no push-mode session {session_id:?} on this server (it ended, or another server holds it)"
+    ))
+}
+
+fn validate_address(address: &str) -> Result<(), Status> {
+    let bad = |why: &str| {
+        Err(Status::invalid_argument(format!(
+            "address must be an http:// URL with a host and port where the worker serves taskmesh.v1.Worker, e.g. \"http://10.0.0.7:7070\"; {address:?} {why}"
+        )))
+    };
+    if address.is_empty() {
+        return bad("is empty");
+    }
+    if address.len() > MAX_ADDRESS_LEN {
+        return bad("is too long");
+    }
+    let Ok(uri) = address.parse::<tonic::codegen::http::Uri>() else {
+        return bad("does not parse as a URL");
+    };
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return bad("uses https, which this server cannot call yet (no TLS)"),
+        _ => return bad("has no http:// scheme"),
+    }
+    match uri.authority() {
+        Some(a) if !a.host().is_empty() && a.port_u16().is_some() => {}
+        _ => return bad("has no host and port"),
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return bad("has a path or query");
+    }
+    Ok(())
+}
+
+/// Removes a push session (once) and takes back its attempts.
+async fn end_session(shared: &Shared, session_id: &str, reason: &str) {
+    let Some(s) = shared.push.lock().remove(session_id) else {
+        return;
+    };
+    s.ended.cancel();
+    lost::lose_session(shared, session_id, &s.worker_id, reason).await;
+}
+
+/// One push session's link to its worker.
+struct Link {
+    shared: Shared,
+    session_id: String,
+    worker_id: String,
+    client: WorkerClient<Channel>,
+    tx: StreamTx,
+    ended: CancellationToken,
+}
+
+impl Link {
+    async fn run(self, mut rx: mpsc::Receiver<Result<pb::ConnectResponse, Status>>) {
+        let every = self.shared.opts.heartbeat_interval;
+        let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (probe_tx, mut probe_rx) = mpsc::channel::<Result<pb::ProbeResponse, Status>>(1);
+        let mut probing = false;
+        let mut failures = 0u32;
+        let stop = self.shared.push.stop.clone();
+        let lost = loop {
+            tokio::select! {
+                biased;
+                _ = self.ended.cancelled() => break None,
+                _ = stop.cancelled() => break Some("server shutting down".to_string()),
+                Some(answer) = probe_rx.recv() => {
+                    probing = false;
+                    match answer {
+                        Ok(p) => {
+                            failures = 0;
+                            self.on_probe(p).await;
+                        }
+                        Err(status) => {
+                            failures += 1;
+                            warn!(failures, error = %status.message(), code = ?status.code(), "push worker probe failed");
+                            if failures >= PROBE_FAILURES {
+                                break Some(format!(
+                                    "{failures} probes failed in a row: {}",
+                                    status.message()
+                                ));
+                            }
+                        }
+                    }
+                }
+                Some(msg) = rx.recv() => self.on_queued(msg),
+                _ = tick.tick() => {
+                    match self.standing() {
+                        Standing::Gone => break None,
+                        Standing::Done => break Some("deregistered".to_string()),
+                        Standing::Lapsed(ms) => break Some(format!(
+                            "no registration refresh for {ms} ms (missed heartbeats)"
+                        )),
+                        Standing::Live => {}
+                    }
+                    if !probing {
+                        probing = true;
+                        let (mut client, probe_tx) = (self.client.clone(), probe_tx.clone());
+                        tokio::spawn(async move {
+                            let answer = match tokio::time::timeout(every, client.probe(pb::ProbeRequest {})).await {
+                                Ok(r) => r.map(|r| r.into_inner()),
+                                Err(_) => Err(Status::deadline_exceeded("no probe answer within a heartbeat interval")),
+                            };
+                            let _ = probe_tx.send(answer).await;
+                        });
+                    }
+                }
+            }
+        };
+        if let Some(reason) = lost {
+            end_session(&self.shared, &self.session_id, &reason).await;
+        }
+        debug!(worker_id = %self.worker_id, "push link ended");
+    }
+
+    /// Where the session stands at a tick.
+    fn standing(&self) -> Standing {
+        let sessions = self.shared.push.lock();
+        let Some(s) = sessions.get(&self.session_id) else {
+            return Standing::Gone;
+        };
+        if s.leaving {
+            if self.shared.registry.in_flight_of(&self.session_id) == Some(0) {
+                return Standing::Done;
+            }
+            // A leaving worker no longer refreshes; the probes watch it.
+            return Standing::Live;
+        }
+        let silent = s.refreshed.elapsed();
+        if silent > self.shared.opts.heartbeat_interval * 3 {
+            return Standing::Lapsed(silent.as_millis() as u64);
+        }
+        Standing::Live
+    }
+
+    async fn on_probe(&self, p: pb::ProbeResponse) {
+        let shared = &self.shared;
+        shared.registry.heartbeat(
+            &self.session_id,
+            Heartbeat {
+                active: p.active,
+                cpu_idle_percent: p.cpu_idle_percent,
+                avg_cost_ms: p.avg_cost_ms,
+            },
+        );
+        if p.draining {
+            shared.registry.set_draining(&self.session_id);
+        }
+        let entry = {
+            let mut sessions = shared.push.lock();
+            let Some(s) = sessions.get_mut(&self.session_id) else {
+                return;
+            };
+            s.entry.load = WorkerLoad {
+                active: p.active,
+                cpu_idle_percent: p.cpu_idle_percent,
+                avg_cost_ms: p.avg_cost_ms,
+            };
+            s.entry.last_seen = shared.clock.now_millis();
+            s.entry.draining |= p.draining;
+            s.entry.clone()
+        };
+        shared.wake.notify_one();
+        if let Err(err) = shared.coord.put_worker(entry).await {
+            warn!(error = %err, "cannot refresh the push worker's cluster-wide entry");
+        }
+    }
+
+    /// What the engine (or a reaper, or an ACK check) queued for the worker.
+    fn on_queued(&self, msg: Result<pb::ConnectResponse, Status>) {
+        let Ok(pb::ConnectResponse { message: Some(msg) }) = msg else {
+            return;
+        };
+        match msg {
+            Out::Assign(a) => {
+                let call = Execute {
+                    shared: self.shared.clone(),
+                    session_id: self.session_id.clone(),
+                    client: self.client.clone(),
+                    tx: self.tx.clone(),
+                };
+                tokio::spawn(call.run(a).in_current_span());
+            }
+            Out::Cancel(c) => {
+                let mut client = self.client.clone();
+                let every = self.shared.opts.heartbeat_interval;
+                tokio::spawn(
+                    async move {
+                        let req = pb::CancelRequest {
+                            task_id: c.task_id.clone(),
+                            execution_id: c.execution_id.clone(),
+                            reason: c.reason,
+                        };
+                        match tokio::time::timeout(every, client.cancel(req)).await {
+                            Ok(Ok(r)) => debug!(task_id = %c.task_id, execution_id = %c.execution_id, found = r.into_inner().found, "cancel sent to the push worker"),
+                            Ok(Err(status)) => debug!(task_id = %c.task_id, execution_id = %c.execution_id, error = %status.message(), "cancel to the push worker failed"),
+                            Err(_) => debug!(task_id = %c.task_id, execution_id = %c.execution_id, "cancel to the push worker timed out"),
+                        }
+                    }
+                    .in_current_span(),
+                );
+            }
+            // Receipts of ACKs (the worker had its answer already), drains
+            // (a push worker moves on when this node stops answering).
+            Out::Recorded(_) | Out::Drain(_) | Out::Registered(_) => {}
+        }
+    }
+}
+
+enum Standing {
+    Live,
+    Gone,
+    Done,
+    Lapsed(u64),
+}
+
+/// One `Worker.Execute` call and what follows its answer.
+struct Execute {
+    shared: Shared,
+    session_id: String,
+    client: WorkerClient<Channel>,
+    tx: StreamTx,
+}
+
+impl Execute {
+    async fn run(mut self, a: pb::TaskAssignment) {
+        let (task_id, execution_id) = (a.task_id.clone(), a.execution_id.clone());
+        let req = pb::ExecuteRequest {
+            assignment: Some(a),
+            session_id: self.session_id.clone(),
+        };
+        // The ACK timeout bounds the call: an answer later than that would
+        // be refused anyway (the reaper takes the push back).
+        let limit = self.shared.opts.ack_timeout;
+        let answer = match tokio::time::timeout(limit, self.client.execute(req)).await {
+            Ok(r) => r.map(|r| r.into_inner()),
+            Err(_) => Err(Status::deadline_exceeded("no answer to Execute in time")),
+        };
+        let shared = &self.shared;
+        match answer {
+            Ok(r) if r.accepted => {
+                let ack = pb::TaskAck {
+                    task_id,
+                    execution_id,
+                };
+                if let Some(after) = stream::on_ack(shared, &self.session_id, &self.tx, ack).await {
+                    after.await;
+                }
+            }
+            Ok(r) => {
+                let rej = pb::TaskReject {
+                    task_id,
+                    execution_id,
+                    reason: r.reject_reason,
+                    message: r.message,
+                };
+                stream::on_reject(shared, &self.session_id, rej).await;
+            }
+            Err(status) => {
+                // Like a push that could not be sent: taken back at once and
+                // the worker offered nothing until a probe shows it well.
+                info!(task_id = %task_id, execution_id = %execution_id, code = ?status.code(), error = %status.message(), "push to the worker failed, task taken back");
+                shared
+                    .stats
+                    .unsent
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let why = format!("Worker.Execute failed: {}", status.message());
+                let event = lost::lost_event(&execution_id, &why);
+                let tx = shared.registry.sender_of(&execution_id);
+                if let Err(err) = shared
+                    .end_attempt_with(&task_id, &execution_id, event, After::Unsendable)
+                    .await
+                {
+                    debug!(task_id = %task_id, error = %err, "failed push already ended");
+                }
+                if !matches!(status.code(), tonic::Code::Unavailable) {
+                    // It may have arrived after all (a timeout): tell the
+                    // worker not to run it.
+                    shared.send_cancel(tx, &task_id, &execution_id, "push failed");
+                }
+            }
+        }
+    }
+}

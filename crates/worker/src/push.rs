@@ -1,0 +1,474 @@
+//! Push mode: the worker serves `taskmesh.v1.Worker` and the dispatcher
+//! calls it (`Execute`, `Cancel`, `Probe`) instead of pushing on a stream.
+//!
+//! The worker registers its address with the first reachable server of its
+//! list (`RegisterPushWorker`) and registers again every heartbeat interval
+//! — that refresh is what keeps the session alive; when a server does not
+//! answer, the next one in the list is tried. Each assignment names the
+//! session it was pushed under, and its result goes back
+//! (`ReportResult`) to the server that granted that session, retried while
+//! the server is unavailable; a session the server no longer knows means
+//! the attempt was taken back, so the result is stale and dropped.
+//!
+//! Handlers run exactly as in stream mode: same slots (BUSY beyond them),
+//! same cancellation, same drain.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use taskmesh::v1::dispatcher_client::DispatcherClient;
+use taskmesh::v1::worker_server::{Worker as WorkerService, WorkerServer};
+use taskmesh::v1::{
+    CancelRequest, CancelResponse, DeregisterPushWorkerRequest, ExecuteRequest, ExecuteResponse,
+    Payload, ProbeRequest, ProbeResponse, RegisterPushWorkerRequest, RejectReason,
+    ReportResultRequest, TaskComplete, TaskFailure, TaskSuccess, WorkerRegistered, task_complete,
+};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Response, Status};
+use tracing::{debug, info, warn};
+
+use crate::backoff::Backoff;
+use crate::exec::{self, Done};
+use crate::wire::{context, log_recorded, registration};
+use crate::worker::{Shared, lock};
+use crate::{Error, Handler};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+/// How long a result is retried while its server is unavailable.
+const REPORT_RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// The push-mode state shared by the `Worker` service, the registration
+/// loop and the result reports.
+struct Push {
+    shared: Arc<Shared>,
+    /// The URL servers call.
+    advertise: String,
+    /// Session id → the server that granted it.
+    sessions: Mutex<HashMap<String, String>>,
+    /// The session registrations refresh, if any.
+    current: Mutex<Option<String>>,
+    /// One lazily connected client per server.
+    clients: Mutex<HashMap<String, DispatcherClient<Channel>>>,
+    draining: AtomicBool,
+}
+
+impl Push {
+    fn client(&self, server: &str) -> Result<DispatcherClient<Channel>, Error> {
+        let mut clients = lock(&self.clients);
+        if let Some(c) = clients.get(server) {
+            return Ok(c.clone());
+        }
+        let channel = Endpoint::from_shared(server.to_string())?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let client = DispatcherClient::new(channel);
+        clients.insert(server.to_string(), client.clone());
+        Ok(client)
+    }
+
+    fn worker_id(&self) -> &str {
+        &self.shared.opts.worker_id
+    }
+
+    /// Registers (or refreshes) with `server`.
+    async fn register(&self, server: &str) -> Result<WorkerRegistered, Error> {
+        let mut client = self.client(server)?;
+        let req = RegisterPushWorkerRequest {
+            registration: Some(registration(&self.shared)),
+            address: self.advertise.clone(),
+        };
+        let answer = tokio::time::timeout(CALL_TIMEOUT, client.register_push_worker(req))
+            .await
+            .map_err(|_| Error::Protocol("no answer to RegisterPushWorker in time".into()))??;
+        answer
+            .into_inner()
+            .registered
+            .ok_or_else(|| Error::Protocol("RegisterPushWorker answered without a session".into()))
+    }
+
+    /// Reports one result to the server holding its session.
+    async fn report(&self, session_id: String, done: Done) {
+        let worker_id = self.worker_id();
+        let (task_id, execution_id) = (done.task_id.clone(), done.execution_id.clone());
+        let Some(server) = lock(&self.sessions).get(&session_id).cloned() else {
+            warn!(
+                worker_id,
+                task_id,
+                execution_id,
+                session_id,
+                "no server known for the session; result dropped"
+            );
+            return;
+        };
+        let result = match done.result {
+            Ok(output) => task_complete::Result::Success(TaskSuccess {
+                output: Some(Payload {
+                    data: output.data,
+                    content_type: output.content_type,
+                }),
+            }),
+            Err(error) => task_complete::Result::Failure(TaskFailure {
+                message: error.message,
+                retryable: error.retryable,
+            }),
+        };
+        let req = ReportResultRequest {
+            session_id: session_id.clone(),
+            complete: Some(TaskComplete {
+                task_id: task_id.clone(),
+                execution_id: execution_id.clone(),
+                result: Some(result),
+            }),
+        };
+        let opts = &self.shared.opts;
+        let mut backoff = Backoff::new(opts.reconnect_initial, opts.reconnect_max);
+        let give_up = Instant::now() + REPORT_RETRY_FOR;
+        loop {
+            let answer = match self.client(&server) {
+                Ok(mut client) => {
+                    match tokio::time::timeout(CALL_TIMEOUT, client.report_result(req.clone()))
+                        .await
+                    {
+                        Ok(r) => r.map(Response::into_inner),
+                        Err(_) => Err(Status::unavailable("no answer to ReportResult in time")),
+                    }
+                }
+                Err(err) => Err(Status::invalid_argument(err.to_string())),
+            };
+            let status = match answer {
+                Ok(r) => {
+                    match r.recorded {
+                        Some(recorded) => log_recorded(worker_id, &recorded),
+                        None => warn!(worker_id, task_id, execution_id, "empty answer to a result"),
+                    }
+                    return;
+                }
+                Err(status) => status,
+            };
+            match status.code() {
+                Code::NotFound => {
+                    warn!(
+                        worker_id,
+                        task_id,
+                        execution_id,
+                        session_id,
+                        server,
+                        "the server no longer holds the session; the attempt was taken back and the result is stale, dropped"
+                    );
+                    return;
+                }
+                Code::Unavailable
+                | Code::Unknown
+                | Code::ResourceExhausted
+                | Code::DeadlineExceeded
+                | Code::Cancelled => {
+                    let delay = backoff.next_delay();
+                    if Instant::now() + delay > give_up {
+                        warn!(
+                            worker_id,
+                            task_id,
+                            execution_id,
+                            server,
+                            error = status.message(),
+                            "server unavailable too long; result dropped"
+                        );
+                        return;
+                    }
+                    debug!(
+                        worker_id,
+                        task_id,
+                        execution_id,
+                        server,
+                        error = status.message(),
+                        "result not delivered yet; retrying"
+                    );
+                    tokio::time::sleep(delay).await;
+                }
+                _ => {
+                    warn!(worker_id, task_id, execution_id, server, code = ?status.code(), error = status.message(), "result refused");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Serves push mode until `shutdown`, then drains: deregisters, refuses new
+/// work with BUSY, waits for running handlers and their reports.
+pub(crate) async fn run(
+    shared: &Arc<Shared>,
+    listen: SocketAddr,
+    shutdown: &CancellationToken,
+) -> Result<(), Error> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: listen,
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| Error::Listen {
+        addr: listen,
+        source,
+    })?;
+    let _ = shared.state.push_addr.set(bound);
+    let advertise = shared
+        .opts
+        .push_advertise
+        .clone()
+        .unwrap_or_else(|| format!("http://{bound}"));
+    let push = Arc::new(Push {
+        shared: shared.clone(),
+        advertise,
+        sessions: Mutex::new(HashMap::new()),
+        current: Mutex::new(None),
+        clients: Mutex::new(HashMap::new()),
+        draining: AtomicBool::new(false),
+    });
+    let worker_id = shared.opts.worker_id.as_str();
+    info!(worker_id, listen = %bound, advertise = push.advertise, "push mode: serving taskmesh.v1.Worker");
+
+    // The service outlives the registrations: during the drain, servers
+    // still probe and cancel, and results still flow.
+    let stop_serving = CancellationToken::new();
+    let server = {
+        let service = WorkerServer::new(PushService(push.clone()));
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let stop = stop_serving.clone();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                .await
+        })
+    };
+
+    register_loop(&push, shutdown).await;
+
+    // Drain: nothing new, tell the server, let running handlers report.
+    push.draining.store(true, Ordering::SeqCst);
+    shared.state.connected.send_replace(false);
+    let current = lock(&push.current).clone();
+    if let Some(session_id) = current {
+        let server = lock(&push.sessions).get(&session_id).cloned();
+        if let Some(server) = server
+            && let Ok(mut client) = push.client(&server)
+        {
+            let req = DeregisterPushWorkerRequest {
+                session_id: session_id.clone(),
+                reason: "shutdown".into(),
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, client.deregister_push_worker(req)).await {
+                Ok(Ok(_)) => info!(worker_id, session_id, "deregistered"),
+                Ok(Err(status)) => {
+                    warn!(
+                        worker_id,
+                        session_id,
+                        error = status.message(),
+                        "deregistration refused"
+                    )
+                }
+                Err(_) => warn!(worker_id, session_id, "deregistration timed out"),
+            }
+        }
+    }
+    crate::worker::finish(shared).await;
+    stop_serving.cancel();
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => warn!(worker_id, error = %err, "push service ended with an error"),
+        Err(err) => warn!(worker_id, error = %err, "push service task failed"),
+    }
+    Ok(())
+}
+
+/// Registers with the first server that answers, then refreshes there every
+/// heartbeat interval, moving to the next server when one fails; returns on
+/// shutdown.
+async fn register_loop(push: &Arc<Push>, shutdown: &CancellationToken) {
+    let shared = &push.shared;
+    let worker_id = shared.opts.worker_id.as_str();
+    let servers = &shared.opts.servers;
+    let mut backoff = Backoff::new(shared.opts.reconnect_initial, shared.opts.reconnect_max);
+    let mut index = 0usize;
+    loop {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        let server = servers[index % servers.len()].as_str();
+        let wait = match push.register(server).await {
+            Ok(registered) => {
+                backoff.reset();
+                let session_id = registered.session_id.clone();
+                let is_new = lock(&push.sessions)
+                    .insert(session_id.clone(), server.to_string())
+                    .is_none();
+                *lock(&push.current) = Some(session_id.clone());
+                let heartbeat = registered
+                    .heartbeat_interval
+                    .and_then(|d| Duration::try_from(d).ok())
+                    .filter(|d| !d.is_zero())
+                    .unwrap_or(DEFAULT_HEARTBEAT);
+                if is_new {
+                    shared.state.sessions.fetch_add(1, Ordering::SeqCst);
+                    info!(
+                        worker_id,
+                        server,
+                        session_id,
+                        heartbeat_ms = heartbeat.as_millis() as u64,
+                        "registered (push mode)"
+                    );
+                } else {
+                    debug!(worker_id, server, session_id, "registration refreshed");
+                }
+                shared.state.connected.send_replace(true);
+                heartbeat
+            }
+            Err(error) => {
+                warn!(worker_id, server, %error, "push registration failed; trying the next server");
+                shared.state.connected.send_replace(false);
+                index = index.wrapping_add(1);
+                backoff.next_delay()
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// The `Worker` service the dispatcher calls.
+struct PushService(Arc<Push>);
+
+fn refuse(reason: RejectReason, message: String) -> Response<ExecuteResponse> {
+    Response::new(ExecuteResponse {
+        accepted: false,
+        reject_reason: reason as i32,
+        message,
+    })
+}
+
+#[tonic::async_trait]
+impl WorkerService for PushService {
+    async fn execute(
+        &self,
+        request: Request<ExecuteRequest>,
+    ) -> Result<Response<ExecuteResponse>, Status> {
+        let push = &self.0;
+        let shared = &push.shared;
+        let worker_id = push.worker_id();
+        let req = request.into_inner();
+        let a = req
+            .assignment
+            .ok_or_else(|| Status::invalid_argument("assignment is required"))?;
+        if a.task_id.is_empty() || a.execution_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "assignment.task_id and assignment.execution_id must not be empty",
+            ));
+        }
+        // Results go back under the session the assignment names; an
+        // assignment from a server that predates the field names none, and
+        // goes to the current session.
+        let session_id = if req.session_id.is_empty() {
+            lock(&push.current).clone().unwrap_or_default()
+        } else {
+            req.session_id.clone()
+        };
+        let (task_id, attempt, execution_id) =
+            (a.task_id.as_str(), a.attempt, a.execution_id.as_str());
+        if push.draining.load(Ordering::SeqCst) {
+            debug!(
+                worker_id,
+                task_id, attempt, execution_id, "refusing an assignment while draining"
+            );
+            return Ok(refuse(RejectReason::Busy, "worker is draining".into()));
+        }
+        if lock(&shared.running).contains_key(execution_id) {
+            debug!(
+                worker_id,
+                task_id, attempt, execution_id, "duplicate assignment; accepted again"
+            );
+            return Ok(Response::new(ExecuteResponse {
+                accepted: true,
+                ..Default::default()
+            }));
+        }
+        let Some(handler): Option<Arc<dyn Handler>> = shared.handlers.get(&a.handler).cloned()
+        else {
+            let message = format!("handler {:?} is not served by this worker", a.handler);
+            return Ok(refuse(RejectReason::UnknownHandler, message));
+        };
+        let Ok(permit) = shared.state.slots.clone().try_acquire_owned() else {
+            let message = format!("all {} slots are taken", shared.opts.concurrency);
+            return Ok(refuse(RejectReason::Busy, message));
+        };
+        debug!(
+            worker_id,
+            task_id,
+            attempt,
+            execution_id,
+            handler = a.handler,
+            session_id,
+            "task accepted"
+        );
+        let cancel = CancellationToken::new();
+        lock(&shared.running).insert(a.execution_id.clone(), cancel.clone());
+        let reporter = push.clone();
+        exec::spawn(
+            shared,
+            handler,
+            context(a, cancel),
+            permit,
+            move |done| async move { reporter.report(session_id, done).await },
+        );
+        Ok(Response::new(ExecuteResponse {
+            accepted: true,
+            ..Default::default()
+        }))
+    }
+
+    async fn cancel(
+        &self,
+        request: Request<CancelRequest>,
+    ) -> Result<Response<CancelResponse>, Status> {
+        let c = request.into_inner();
+        let push = &self.0;
+        let found = match lock(&push.shared.running).get(&c.execution_id) {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        };
+        info!(
+            worker_id = push.worker_id(),
+            task_id = c.task_id,
+            execution_id = c.execution_id,
+            reason = c.reason,
+            found,
+            "cancel from the server"
+        );
+        Ok(Response::new(CancelResponse { found }))
+    }
+
+    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        let shared = &self.0.shared;
+        Ok(Response::new(ProbeResponse {
+            worker_id: shared.opts.worker_id.clone(),
+            active: shared.state.capacity_used(),
+            capacity: shared.opts.concurrency,
+            draining: self.0.draining.load(Ordering::SeqCst),
+            cpu_idle_percent: lock(&shared.cpu).sample(),
+            avg_cost_ms: lock(&shared.stats).average(),
+        }))
+    }
+}
