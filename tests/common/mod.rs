@@ -423,3 +423,41 @@ pub async fn spawn_server_with(
     .await;
     child
 }
+
+/// Starts an in-process push-mode worker (serving `taskmesh.v1.Worker` on a
+/// free loopback port) whose `echo` handler records each execution in
+/// `ledger`, and which also serves the built-in `sleep`.
+pub fn counting_push_worker(
+    addrs: &[SocketAddr],
+    id: &str,
+    concurrency: u32,
+    ledger: Ledger,
+) -> TestWorker {
+    let mut opts = WorkerOptions::new(addrs.iter().map(|a| format!("http://{a}")).collect());
+    opts.worker_id = id.into();
+    opts.name = id.into();
+    opts.concurrency = concurrency;
+    opts.reconnect_initial = Duration::from_millis(50);
+    opts.reconnect_max = Duration::from_millis(500);
+    opts.push_listen = Some(([127, 0, 0, 1], 0).into());
+    let echo = handler_fn(move |ctx: TaskContext| {
+        let ledger = ledger.clone();
+        async move {
+            ledger.record(&ctx.task_id);
+            Ok::<_, HandlerError>(Output::new(ctx.payload.clone(), ctx.content_type.clone()))
+        }
+    });
+    let mut worker = Worker::new(opts).handler("echo", echo);
+    worker.add_handler("sleep", taskmesh_worker::builtin("sleep").unwrap());
+    let handle = worker.handle();
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    let join = tokio::spawn(async move {
+        let _ = worker.run(token).await;
+    });
+    TestWorker {
+        handle,
+        shutdown,
+        join,
+    }
+}

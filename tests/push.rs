@@ -1,0 +1,571 @@
+//! Push mode end to end over real gRPC on loopback: workers that serve
+//! `taskmesh.v1.Worker`, register their address and get tasks as
+//! `Worker.Execute` calls; their loss, their place in the balancer, bad
+//! input to the push RPCs, and stale results.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use taskmesh::v1::{
+    self as pb, dispatcher_client::DispatcherClient, task_api_client::TaskApiClient,
+};
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// A node whose push workers are probed (and lost) quickly.
+async fn fast_node(dir: &std::path::Path) -> taskmesh_cli::node::RunningNode {
+    let mut opts = node_options(dir);
+    opts.dispatcher.heartbeat_interval = Duration::from_millis(300);
+    start_node(opts).await
+}
+
+async fn dispatcher(addr: SocketAddr) -> DispatcherClient<Channel> {
+    DispatcherClient::new(channel(addr).await)
+}
+
+async fn workers(api: &mut TaskApiClient<Channel>) -> Vec<pb::WorkerInfo> {
+    api.list_workers(pb::ListWorkersRequest::default())
+        .await
+        .expect("list workers")
+        .into_inner()
+        .workers
+}
+
+async fn wait_succeeded(api: &TaskApiClient<Channel>, id: &str) -> pb::Task {
+    wait_for(&format!("task {id} to succeed"), LIMIT, || {
+        let mut api = api.clone();
+        let id = id.to_string();
+        async move {
+            let t = get(&mut api, &id).await;
+            (state(&t) == pb::TaskState::Succeeded).then_some(t)
+        }
+    })
+    .await
+}
+
+fn registration(worker_id: &str, handlers: &[&str], capacity: u32) -> pb::WorkerRegistration {
+    pb::WorkerRegistration {
+        worker_id: worker_id.into(),
+        name: worker_id.into(),
+        handlers: handlers.iter().map(|h| h.to_string()).collect(),
+        capacity,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_tasks_run_once_each_on_a_push_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fast_node(dir.path()).await;
+    let mut api = api(node.grpc_addr).await;
+    let ledger = Ledger::default();
+    let w = counting_push_worker(&[node.grpc_addr], "push-1", 16, ledger.clone());
+    assert!(
+        w.handle.wait_connected(LIMIT).await,
+        "push worker registers"
+    );
+    let listed = workers(&mut api).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].worker_id, "push-1");
+
+    let mut ids = Vec::new();
+    for i in 0..200 {
+        ids.push(submit(&mut api, "echo", format!("{{\"i\":{i}}}").as_bytes()).await);
+    }
+    for id in &ids {
+        let t = wait_succeeded(&api, id).await;
+        assert_eq!(t.attempts.len(), 1, "{t:?}");
+        assert_eq!(t.attempts[0].worker_id, "push-1");
+    }
+    let counts = ledger.all();
+    assert_eq!(counts.len(), 200);
+    for id in &ids {
+        assert_eq!(
+            ledger.count(id),
+            1,
+            "task {id} ran {} times",
+            ledger.count(id)
+        );
+    }
+
+    // A graceful stop deregisters: the worker leaves the list at once.
+    w.shutdown.cancel();
+    let _ = w.join.await;
+    wait_for("the push worker to leave", LIMIT, || {
+        let mut api = api.clone();
+        async move { workers(&mut api).await.is_empty().then_some(()) }
+    })
+    .await;
+    node.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_a_killed_push_worker_process_finish_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fast_node(dir.path()).await;
+    let mut api = api(node.grpc_addr).await;
+
+    let ledger_file = dir.path().join("push-a.ledger");
+    let log = std::fs::File::create(dir.path().join("push-a.log")).unwrap();
+    let mut a = Child(
+        std::process::Command::new(binary())
+            .args(["worker", "--server", &format!("http://{}", node.grpc_addr)])
+            .args(["--push-listen", "127.0.0.1:0", "--handlers", "sleep"])
+            .args(["--concurrency", "4", "--worker-id", "push-a", "--ledger"])
+            .arg(&ledger_file)
+            .env_remove("TASKMESH_SERVER")
+            .env_remove("TASKMESH_PUSH_LISTEN")
+            .env_remove("TASKMESH_PUSH_ADVERTISE")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn worker"),
+    );
+    wait_for("push-a to register", LIMIT, || {
+        let mut api = api.clone();
+        async move {
+            let w = workers(&mut api).await;
+            w.iter().any(|w| w.worker_id == "push-a").then_some(())
+        }
+    })
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(submit(&mut api, "sleep", br#"{"ms":4000}"#).await);
+    }
+    wait_for("4 tasks running on push-a", LIMIT, || {
+        let mut api = api.clone();
+        let ids = ids.clone();
+        async move {
+            for id in &ids {
+                let t = get(&mut api, id).await;
+                if state(&t) != pb::TaskState::Running || t.worker_id != "push-a" {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await;
+    a.kill();
+    let ran = std::fs::read_to_string(&ledger_file).unwrap();
+    for id in &ids {
+        assert!(ran.contains(id.as_str()), "push-a started {id}: {ran}");
+    }
+
+    let ledger = Ledger::default();
+    let b = counting_worker(&[node.grpc_addr], "worker-b", 4, ledger);
+    for id in &ids {
+        let t = wait_succeeded(&api, id).await;
+        let first = &t.attempts[0];
+        assert_eq!(first.worker_id, "push-a");
+        assert_eq!(
+            first.outcome,
+            pb::AttemptOutcome::WorkerLost as i32,
+            "{t:?}"
+        );
+        let last = t.attempts.last().unwrap();
+        assert_eq!(last.worker_id, "worker-b");
+        assert_eq!(last.outcome, pb::AttemptOutcome::Succeeded as i32);
+    }
+    // The lost push worker is gone from the list; the stream worker stays.
+    let listed = workers(&mut api).await;
+    let ids_listed: Vec<&str> = listed.iter().map(|w| w.worker_id.as_str()).collect();
+    assert_eq!(ids_listed, ["worker-b"]);
+    b.shutdown.cancel();
+    let _ = b.join.await;
+    node.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_active_spreads_over_a_push_and_a_stream_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fast_node(dir.path()).await;
+    let mut api = api(node.grpc_addr).await;
+    let push = counting_push_worker(&[node.grpc_addr], "push", 8, Ledger::default());
+    let stream = counting_worker(&[node.grpc_addr], "stream", 8, Ledger::default());
+    assert!(push.handle.wait_connected(LIMIT).await);
+    assert!(stream.handle.wait_connected(LIMIT).await);
+
+    let mut ids = Vec::new();
+    for _ in 0..8 {
+        ids.push(submit(&mut api, "sleep", br#"{"ms":2000}"#).await);
+    }
+    let placed: HashMap<String, usize> = wait_for("8 tasks running", LIMIT, || {
+        let mut api = api.clone();
+        let ids = ids.clone();
+        async move {
+            let mut placed = HashMap::new();
+            for id in &ids {
+                let t = get(&mut api, id).await;
+                if state(&t) != pb::TaskState::Running {
+                    return None;
+                }
+                *placed.entry(t.worker_id.clone()).or_insert(0) += 1;
+            }
+            Some(placed)
+        }
+    })
+    .await;
+    // Least-active takes the worker with fewer tasks in flight each time,
+    // whatever kind of worker it is.
+    assert_eq!(placed.get("push"), Some(&4), "{placed:?}");
+    assert_eq!(placed.get("stream"), Some(&4), "{placed:?}");
+    for id in &ids {
+        wait_succeeded(&api, id).await;
+    }
+    for w in [push, stream] {
+        w.shutdown.cancel();
+        let _ = w.join.await;
+    }
+    node.stop(Duration::from_secs(5)).await;
+}
+
+fn assert_code<T: std::fmt::Debug>(r: Result<T, Status>, code: Code, needle: &str) {
+    match r {
+        Ok(v) => panic!("expected {code:?} ({needle}), got {v:?}"),
+        Err(s) => {
+            assert_eq!(s.code(), code, "{s:?}");
+            assert!(s.message().contains(needle), "{needle:?} not in {s:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_to_the_push_rpcs_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fast_node(dir.path()).await;
+    let mut api = api(node.grpc_addr).await;
+    let mut d = dispatcher(node.grpc_addr).await;
+    let good = registration("w", &["echo"], 2);
+    let register =
+        |reg: Option<pb::WorkerRegistration>, address: &str| pb::RegisterPushWorkerRequest {
+            registration: reg,
+            address: address.into(),
+        };
+
+    let cases: Vec<(pb::RegisterPushWorkerRequest, &str)> = vec![
+        (
+            register(None, "http://127.0.0.1:1"),
+            "registration is required",
+        ),
+        (register(Some(good.clone()), ""), "is empty"),
+        (register(Some(good.clone()), "not a url"), "address must be"),
+        (
+            register(Some(good.clone()), "127.0.0.1:7070"),
+            "address must be",
+        ),
+        (
+            register(Some(good.clone()), "ftp://127.0.0.1:7070"),
+            "no http:// scheme",
+        ),
+        (
+            register(Some(good.clone()), "https://127.0.0.1:7070"),
+            "https",
+        ),
+        (
+            register(Some(good.clone()), "http://127.0.0.1"),
+            "no host and port",
+        ),
+        (
+            register(Some(good.clone()), "http://127.0.0.1:7070/run"),
+            "path",
+        ),
+        (
+            register(
+                Some(good.clone()),
+                &format!("http://{}:1", "a".repeat(3000)),
+            ),
+            "too long",
+        ),
+        (
+            register(Some(registration("", &["echo"], 2)), "http://127.0.0.1:1"),
+            "worker_id",
+        ),
+        (
+            register(Some(registration("w", &[], 2)), "http://127.0.0.1:1"),
+            "handlers",
+        ),
+        (
+            register(Some(registration("w", &["echo"], 0)), "http://127.0.0.1:1"),
+            "capacity",
+        ),
+        (
+            register(
+                Some(registration("w", &["bad handler!"], 1)),
+                "http://127.0.0.1:1",
+            ),
+            "handlers",
+        ),
+    ];
+    for (req, needle) in cases {
+        assert_code(
+            d.register_push_worker(req).await,
+            Code::InvalidArgument,
+            needle,
+        );
+    }
+
+    let done =
+        |task: &str, exec: &str, result: Option<pb::task_complete::Result>| pb::TaskComplete {
+            task_id: task.into(),
+            execution_id: exec.into(),
+            result,
+        };
+    let ok = Some(pb::task_complete::Result::Success(pb::TaskSuccess {
+        output: None,
+    }));
+    let report = |session: &str, complete: Option<pb::TaskComplete>| pb::ReportResultRequest {
+        session_id: session.into(),
+        complete,
+    };
+    let cases: Vec<(pb::ReportResultRequest, Code, &str)> = vec![
+        (
+            report("", Some(done("t", "e", ok.clone()))),
+            Code::InvalidArgument,
+            "session_id",
+        ),
+        (
+            report("s", None),
+            Code::InvalidArgument,
+            "complete is required",
+        ),
+        (
+            report("s", Some(done("", "e", ok.clone()))),
+            Code::InvalidArgument,
+            "task_id",
+        ),
+        (
+            report("s", Some(done("t", "", ok.clone()))),
+            Code::InvalidArgument,
+            "execution_id",
+        ),
+        (
+            report("s", Some(done("t", "e", None))),
+            Code::InvalidArgument,
+            "success or a failure",
+        ),
+        (
+            report("no-such-session", Some(done("t", "e", ok.clone()))),
+            Code::NotFound,
+            "no push-mode session",
+        ),
+    ];
+    for (req, code, needle) in cases {
+        assert_code(d.report_result(req).await, code, needle);
+    }
+    let leave = |session: &str| pb::DeregisterPushWorkerRequest {
+        session_id: session.into(),
+        reason: "test".into(),
+    };
+    assert_code(
+        d.deregister_push_worker(leave("")).await,
+        Code::InvalidArgument,
+        "session_id",
+    );
+    assert_code(
+        d.deregister_push_worker(leave("nope")).await,
+        Code::NotFound,
+        "no push-mode session",
+    );
+
+    // Nothing was registered, cluster-wide or here.
+    assert!(workers(&mut api).await.is_empty());
+    node.stop(Duration::from_secs(5)).await;
+}
+
+/// A `Worker` service driven by the test: it accepts every assignment and
+/// hands it to the test instead of running it.
+struct Scripted {
+    worker_id: String,
+    seen: mpsc::UnboundedSender<pb::ExecuteRequest>,
+}
+
+#[tonic::async_trait]
+impl pb::worker_server::Worker for Scripted {
+    async fn execute(
+        &self,
+        request: Request<pb::ExecuteRequest>,
+    ) -> Result<Response<pb::ExecuteResponse>, Status> {
+        let _ = self.seen.send(request.into_inner());
+        Ok(Response::new(pb::ExecuteResponse {
+            accepted: true,
+            ..Default::default()
+        }))
+    }
+
+    async fn cancel(
+        &self,
+        _: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::CancelResponse>, Status> {
+        Ok(Response::new(pb::CancelResponse { found: false }))
+    }
+
+    async fn probe(
+        &self,
+        _: Request<pb::ProbeRequest>,
+    ) -> Result<Response<pb::ProbeResponse>, Status> {
+        Ok(Response::new(pb::ProbeResponse {
+            worker_id: self.worker_id.clone(),
+            capacity: 4,
+            cpu_idle_percent: 90.0,
+            ..Default::default()
+        }))
+    }
+}
+
+/// Serves a scripted `Worker` on a free loopback port; returns its URL and
+/// the assignments it receives.
+async fn scripted(worker_id: &str) -> (String, mpsc::UnboundedReceiver<pb::ExecuteRequest>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (seen, rx) = mpsc::unbounded_channel();
+    let service = pb::worker_server::WorkerServer::new(Scripted {
+        worker_id: worker_id.into(),
+        seen,
+    });
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (format!("http://{addr}"), rx)
+}
+
+/// Registers a scripted worker and keeps its registration fresh (as the SDK
+/// does) until the returned token is cancelled.
+async fn register_scripted(
+    d: &DispatcherClient<Channel>,
+    reg: pb::WorkerRegistration,
+    address: &str,
+) -> (String, tokio_util::sync::CancellationToken) {
+    let req = pb::RegisterPushWorkerRequest {
+        registration: Some(reg),
+        address: address.into(),
+    };
+    let registered = d
+        .clone()
+        .register_push_worker(req.clone())
+        .await
+        .expect("register")
+        .into_inner()
+        .registered
+        .expect("registered");
+    let every: Duration = registered.heartbeat_interval.unwrap().try_into().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (mut d, token) = (d.clone(), stop.clone());
+    let session_id = registered.session_id.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = tick.tick() => {
+                    let again = d.register_push_worker(req.clone()).await.unwrap().into_inner();
+                    assert_eq!(again.registered.unwrap().session_id, session_id, "a refresh keeps the session");
+                }
+            }
+        }
+    });
+    (registered.session_id, stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_result_is_refused_and_the_right_one_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fast_node(dir.path()).await;
+    let mut api = api(node.grpc_addr).await;
+    let d = dispatcher(node.grpc_addr).await;
+
+    let (url_a, mut seen_a) = scripted("raw-a").await;
+    let (session_a, stop_a) =
+        register_scripted(&d, registration("raw-a", &["echo"], 4), &url_a).await;
+    let (url_b, _seen_b) = scripted("raw-b").await;
+    let (session_b, stop_b) =
+        register_scripted(&d, registration("raw-b", &["other"], 4), &url_b).await;
+    assert_ne!(session_a, session_b);
+
+    let id = submit(&mut api, "echo", b"{}").await;
+    let exec = tokio::time::timeout(LIMIT, seen_a.recv())
+        .await
+        .expect("an Execute call in time")
+        .expect("an assignment");
+    assert_eq!(
+        exec.session_id, session_a,
+        "the assignment names its session"
+    );
+    let a = exec.assignment.expect("assignment");
+    assert_eq!(a.task_id, id);
+    // The Execute answer was the ACK.
+    wait_for("the task to run", LIMIT, || {
+        let mut api = api.clone();
+        let id = id.clone();
+        async move { (state(&get(&mut api, &id).await) == pb::TaskState::Running).then_some(()) }
+    })
+    .await;
+
+    let d2 = d.clone();
+    let report = |session: String, exec: String| {
+        let req = pb::ReportResultRequest {
+            session_id: session,
+            complete: Some(pb::TaskComplete {
+                task_id: a.task_id.clone(),
+                execution_id: exec,
+                result: Some(pb::task_complete::Result::Success(pb::TaskSuccess {
+                    output: None,
+                })),
+            }),
+        };
+        let mut d = d2.clone();
+        async move {
+            d.report_result(req)
+                .await
+                .map(|r| r.into_inner().recorded.unwrap())
+        }
+    };
+    // Another worker's session does not hold the attempt.
+    let r = report(session_b.clone(), a.execution_id.clone())
+        .await
+        .unwrap();
+    assert!(!r.accepted, "{r:?}");
+    assert!(r.message.contains("stale"), "{r:?}");
+    // An execution id that is not the current attempt's.
+    let r = report(session_a.clone(), "old-execution".into())
+        .await
+        .unwrap();
+    assert!(!r.accepted, "{r:?}");
+    assert_eq!(state(&get(&mut api, &id).await), pb::TaskState::Running);
+
+    // The right one is recorded, once.
+    let r = report(session_a.clone(), a.execution_id.clone())
+        .await
+        .unwrap();
+    assert!(r.accepted, "{r:?}");
+    assert_eq!(state(&get(&mut api, &id).await), pb::TaskState::Succeeded);
+    let r = report(session_a.clone(), a.execution_id.clone())
+        .await
+        .unwrap();
+    assert!(!r.accepted, "a repeat is stale: {r:?}");
+
+    // A deregistered session with nothing running ends at once; its results
+    // are then unknown to the server.
+    stop_b.cancel();
+    d.clone()
+        .deregister_push_worker(pb::DeregisterPushWorkerRequest {
+            session_id: session_b.clone(),
+            reason: "test".into(),
+        })
+        .await
+        .expect("deregister");
+    let r = report(session_b, a.execution_id.clone()).await;
+    assert_code(r, Code::NotFound, "no push-mode session");
+    stop_a.cancel();
+    node.stop(Duration::from_secs(5)).await;
+}
