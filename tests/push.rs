@@ -386,6 +386,8 @@ async fn bad_input_to_the_push_rpcs_is_refused_and_changes_nothing() {
 struct Scripted {
     worker_id: String,
     seen: mpsc::UnboundedSender<pb::ExecuteRequest>,
+    /// Fail every Execute call instead (a worker whose handler side is down).
+    fail_execute: bool,
 }
 
 #[tonic::async_trait]
@@ -395,6 +397,9 @@ impl pb::worker_server::Worker for Scripted {
         request: Request<pb::ExecuteRequest>,
     ) -> Result<Response<pb::ExecuteResponse>, Status> {
         let _ = self.seen.send(request.into_inner());
+        if self.fail_execute {
+            return Err(Status::unavailable("scripted to fail"));
+        }
         Ok(Response::new(pb::ExecuteResponse {
             accepted: true,
             ..Default::default()
@@ -421,22 +426,34 @@ impl pb::worker_server::Worker for Scripted {
     }
 }
 
-/// Serves a scripted `Worker` on a free loopback port; returns its URL and
-/// the assignments it receives.
-async fn scripted(worker_id: &str) -> (String, mpsc::UnboundedReceiver<pb::ExecuteRequest>) {
+/// Serves a scripted `Worker` on a free loopback port until the returned
+/// token is cancelled; returns its URL and the assignments it receives.
+async fn scripted(
+    worker_id: &str,
+    fail_execute: bool,
+) -> (
+    String,
+    mpsc::UnboundedReceiver<pb::ExecuteRequest>,
+    tokio_util::sync::CancellationToken,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (seen, rx) = mpsc::unbounded_channel();
     let service = pb::worker_server::WorkerServer::new(Scripted {
         worker_id: worker_id.into(),
         seen,
+        fail_execute,
     });
+    let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                stop.clone().cancelled_owned(),
+            ),
     );
-    (format!("http://{addr}"), rx)
+    (format!("http://{addr}"), rx, stop)
 }
 
 /// Registers a scripted worker and keeps its registration fresh (as the SDK
@@ -468,8 +485,12 @@ async fn register_scripted(
             tokio::select! {
                 _ = token.cancelled() => return,
                 _ = tick.tick() => {
-                    let again = d.register_push_worker(req.clone()).await.unwrap().into_inner();
-                    assert_eq!(again.registered.unwrap().session_id, session_id, "a refresh keeps the session");
+                    // A refresh keeps the session; once the worker cannot
+                    // be probed it is refused.
+                    if let Ok(again) = d.register_push_worker(req.clone()).await {
+                        let again = again.into_inner().registered.unwrap();
+                        assert_eq!(again.session_id, session_id, "a refresh keeps the session");
+                    }
                 }
             }
         }
@@ -484,10 +505,10 @@ async fn a_stale_result_is_refused_and_the_right_one_recorded() {
     let mut api = api(node.grpc_addr).await;
     let d = dispatcher(node.grpc_addr).await;
 
-    let (url_a, mut seen_a) = scripted("raw-a").await;
+    let (url_a, mut seen_a, _serving_a) = scripted("raw-a", false).await;
     let (session_a, stop_a) =
         register_scripted(&d, registration("raw-a", &["echo"], 4), &url_a).await;
-    let (url_b, _seen_b) = scripted("raw-b").await;
+    let (url_b, _seen_b, _serving_b) = scripted("raw-b", false).await;
     let (session_b, stop_b) =
         register_scripted(&d, registration("raw-b", &["other"], 4), &url_b).await;
     assert_ne!(session_a, session_b);
@@ -567,5 +588,81 @@ async fn a_stale_result_is_refused_and_the_right_one_recorded() {
     let r = report(session_b, a.execution_id.clone()).await;
     assert_code(r, Code::NotFound, "no push-mode session");
     stop_a.cancel();
+    node.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_push_worker_loses_its_push_and_then_its_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fast_node(dir.path()).await;
+    let mut api = api(node.grpc_addr).await;
+    let mut d = dispatcher(node.grpc_addr).await;
+
+    // An address nothing listens on is refused at registration.
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let req = pb::RegisterPushWorkerRequest {
+        registration: Some(registration("ghost", &["echo"], 4)),
+        address: nowhere.clone(),
+    };
+    assert_code(
+        d.register_push_worker(req).await,
+        Code::FailedPrecondition,
+        "Worker.Probe",
+    );
+    // So is a worker answering as someone else.
+    let (url, _seen, _serving) = scripted("someone-else", false).await;
+    let req = pb::RegisterPushWorkerRequest {
+        registration: Some(registration("ghost", &["echo"], 4)),
+        address: url,
+    };
+    assert_code(
+        d.register_push_worker(req).await,
+        Code::FailedPrecondition,
+        "someone-else",
+    );
+    assert!(workers(&mut api).await.is_empty());
+
+    // A worker whose Execute calls fail: each push is taken back at once.
+    let (url, _seen, serving) = scripted("ghost", true).await;
+    let (_session, refreshing) =
+        register_scripted(&d, registration("ghost", &["echo"], 4), &url).await;
+    let id = submit(&mut api, "echo", b"{}").await;
+    let t = wait_for("the failed push to be taken back", LIMIT, || {
+        let mut api = api.clone();
+        let id = id.clone();
+        async move {
+            let t = get(&mut api, &id).await;
+            let first = t.attempts.first()?;
+            (first.outcome == pb::AttemptOutcome::WorkerLost as i32).then_some(t)
+        }
+    })
+    .await;
+    assert_eq!(t.attempts[0].worker_id, "ghost");
+    assert!(
+        t.attempts[0].message.contains("Worker.Execute failed"),
+        "{t:?}"
+    );
+    // Then it stops answering at all while it keeps refreshing: failed
+    // probes lose the session.
+    serving.cancel();
+    wait_for("the ghost to leave the list", LIMIT, || {
+        let mut api = api.clone();
+        async move { workers(&mut api).await.is_empty().then_some(()) }
+    })
+    .await;
+
+    let ledger = Ledger::default();
+    let w = counting_worker(&[node.grpc_addr], "real", 2, ledger.clone());
+    let t = wait_succeeded(&api, &id).await;
+    assert_eq!(t.attempts.last().unwrap().worker_id, "real");
+    assert!(
+        t.attempts
+            .iter()
+            .all(|a| a.worker_id != "ghost" || a.outcome == pb::AttemptOutcome::WorkerLost as i32)
+    );
+    assert_eq!(ledger.count(&id), 1);
+    refreshing.cancel();
+    w.shutdown.cancel();
+    let _ = w.join.await;
     node.stop(Duration::from_secs(5)).await;
 }

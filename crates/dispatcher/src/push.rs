@@ -166,6 +166,11 @@ pub(crate) async fn register(
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
 
+    // One probe before anything is written: an address the server cannot
+    // call (a wrong --push-advertise, a firewall) is a clear error now, not
+    // a worker that takes tasks and loses every push.
+    let load = first_probe(shared, &client, &reg, &req.address).await?;
+
     let session_id = id::new_session_id();
     let entry = WorkerEntry {
         session_id: session_id.clone(),
@@ -176,7 +181,7 @@ pub(crate) async fn register(
         capacity: reg.capacity,
         labels: reg.labels.clone().into_iter().collect(),
         weight: reg.weight.max(1),
-        load: WorkerLoad::default(),
+        load,
         last_seen: now,
         draining: false,
     };
@@ -221,6 +226,14 @@ pub(crate) async fn register(
         let (shared, worker_id) = (shared.clone(), reg.worker_id.clone());
         tokio::spawn(async move { lost::release_earlier_attempts(&shared, &worker_id).await });
     }
+    shared.registry.heartbeat(
+        &session_id,
+        Heartbeat {
+            active: load.active,
+            cpu_idle_percent: load.cpu_idle_percent,
+            avg_cost_ms: load.avg_cost_ms,
+        },
+    );
     let link = Link {
         shared: shared.clone(),
         session_id: session_id.clone(),
@@ -233,6 +246,44 @@ pub(crate) async fn register(
     tokio::spawn(link.run(rx).instrument(span));
     shared.wake.notify_one();
     Ok(answer(session_id))
+}
+
+/// Probes a worker that registers: it must answer, as itself.
+async fn first_probe(
+    shared: &Shared,
+    client: &WorkerClient<Channel>,
+    reg: &pb::WorkerRegistration,
+    address: &str,
+) -> Result<WorkerLoad, Status> {
+    let limit = shared.opts.heartbeat_interval.max(CONNECT_TIMEOUT);
+    let p = match tokio::time::timeout(limit, client.clone().probe(pb::ProbeRequest {})).await {
+        Ok(Ok(p)) => p.into_inner(),
+        Ok(Err(status)) => {
+            return Err(Status::failed_precondition(format!(
+                "cannot call Worker.Probe at {address}: {} (is the address one this server can reach?)",
+                status.message()
+            )));
+        }
+        Err(_) => {
+            return Err(Status::failed_precondition(format!(
+                "no answer to Worker.Probe at {address} within {} ms",
+                limit.as_millis()
+            )));
+        }
+    };
+    // An empty id is a worker that does not say; another id is a different
+    // worker at that address (two workers advertising one address).
+    if !p.worker_id.is_empty() && p.worker_id != reg.worker_id {
+        return Err(Status::failed_precondition(format!(
+            "the worker at {address} says it is {:?}, not {:?}",
+            p.worker_id, reg.worker_id
+        )));
+    }
+    Ok(WorkerLoad {
+        active: p.active,
+        cpu_idle_percent: p.cpu_idle_percent,
+        avg_cost_ms: p.avg_cost_ms,
+    })
 }
 
 /// `ReportResult`: the result of an attempt pushed under `session_id`,
