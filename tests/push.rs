@@ -666,3 +666,40 @@ async fn an_unreachable_push_worker_loses_its_push_and_then_its_session() {
     let _ = w.join.await;
     node.stop(Duration::from_secs(5)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_running_task_cancels_it_on_the_push_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fast_node(dir.path()).await;
+    let mut api = api(node.grpc_addr).await;
+    let w = counting_push_worker(&[node.grpc_addr], "push", 2, Ledger::default());
+    assert!(w.handle.wait_connected(LIMIT).await);
+    let id = submit(&mut api, "sleep", br#"{"ms":600000}"#).await;
+    wait_for("the task to run on the worker", LIMIT, || {
+        let mut api = api.clone();
+        let (id, handle) = (id.clone(), w.handle.clone());
+        async move {
+            let running = state(&get(&mut api, &id).await) == pb::TaskState::Running;
+            (running && handle.active() == 1).then_some(())
+        }
+    })
+    .await;
+    api.cancel_task(pb::CancelTaskRequest {
+        task_id: id.clone(),
+        reason: "test".into(),
+    })
+    .await
+    .expect("cancel");
+    assert_eq!(state(&get(&mut api, &id).await), pb::TaskState::Cancelled);
+    // Worker.Cancel reached the handler: its slot frees long before the
+    // ten-minute sleep would end.
+    let handle = w.handle.clone();
+    wait_for("the handler to stop", LIMIT, || {
+        let handle = handle.clone();
+        async move { (handle.active() == 0).then_some(()) }
+    })
+    .await;
+    w.shutdown.cancel();
+    let _ = w.join.await;
+    node.stop(Duration::from_secs(5)).await;
+}
