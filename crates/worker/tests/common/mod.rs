@@ -84,6 +84,29 @@ type ResponseStream = Pin<Box<dyn Stream<Item = Result<ConnectResponse, Status>>
 impl Dispatcher for Svc {
     type ConnectStream = ResponseStream;
 
+    // Push mode is tested end to end against the real server (tests/push.rs);
+    // this scripted server speaks the stream only.
+    async fn register_push_worker(
+        &self,
+        _: Request<taskmesh::v1::RegisterPushWorkerRequest>,
+    ) -> Result<Response<taskmesh::v1::RegisterPushWorkerResponse>, Status> {
+        Err(Status::unimplemented("stream only"))
+    }
+
+    async fn report_result(
+        &self,
+        _: Request<taskmesh::v1::ReportResultRequest>,
+    ) -> Result<Response<taskmesh::v1::ReportResultResponse>, Status> {
+        Err(Status::unimplemented("stream only"))
+    }
+
+    async fn deregister_push_worker(
+        &self,
+        _: Request<taskmesh::v1::DeregisterPushWorkerRequest>,
+    ) -> Result<Response<taskmesh::v1::DeregisterPushWorkerResponse>, Status> {
+        Err(Status::unimplemented("stream only"))
+    }
+
     async fn connect(
         &self,
         request: Request<Streaming<ConnectRequest>>,
