@@ -249,6 +249,7 @@ async fn bad_input_to_the_push_rpcs_is_refused_and_changes_nothing() {
         |reg: Option<pb::WorkerRegistration>, address: &str| pb::RegisterPushWorkerRequest {
             registration: reg,
             address: address.into(),
+            session_id: String::new(),
         };
 
     let cases: Vec<(pb::RegisterPushWorkerRequest, &str)> = vec![
@@ -463,9 +464,10 @@ async fn register_scripted(
     reg: pb::WorkerRegistration,
     address: &str,
 ) -> (String, tokio_util::sync::CancellationToken) {
-    let req = pb::RegisterPushWorkerRequest {
+    let mut req = pb::RegisterPushWorkerRequest {
         registration: Some(reg),
         address: address.into(),
+        session_id: String::new(),
     };
     let registered = d
         .clone()
@@ -479,6 +481,8 @@ async fn register_scripted(
     let stop = tokio_util::sync::CancellationToken::new();
     let (mut d, token) = (d.clone(), stop.clone());
     let session_id = registered.session_id.clone();
+    // Refreshes name the session, as a live worker's do.
+    req.session_id = session_id.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         loop {
@@ -603,6 +607,7 @@ async fn an_unreachable_push_worker_loses_its_push_and_then_its_session() {
     let req = pb::RegisterPushWorkerRequest {
         registration: Some(registration("ghost", &["echo"], 4)),
         address: nowhere.clone(),
+        session_id: String::new(),
     };
     assert_code(
         d.register_push_worker(req).await,
@@ -614,6 +619,7 @@ async fn an_unreachable_push_worker_loses_its_push_and_then_its_session() {
     let req = pb::RegisterPushWorkerRequest {
         registration: Some(registration("ghost", &["echo"], 4)),
         address: url,
+        session_id: String::new(),
     };
     assert_code(
         d.register_push_worker(req).await,
@@ -701,5 +707,61 @@ async fn cancelling_a_running_task_cancels_it_on_the_push_worker() {
     .await;
     w.shutdown.cancel();
     let _ = w.join.await;
+    node.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_registering_anew_at_its_address_gets_its_attempts_taken_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fast_node(dir.path()).await;
+    let mut api = api(node.grpc_addr).await;
+    let mut d = dispatcher(node.grpc_addr).await;
+    let (url, mut seen, _serving) = scripted("phoenix", false).await;
+    let reg = registration("phoenix", &["echo"], 4);
+    let (first, refreshing) = register_scripted(&d, reg.clone(), &url).await;
+    let id = submit(&mut api, "echo", b"{}").await;
+    let pushed = tokio::time::timeout(LIMIT, seen.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(pushed.session_id, first);
+    wait_for("the task to run", LIMIT, || {
+        let mut api = api.clone();
+        let id = id.clone();
+        async move { (state(&get(&mut api, &id).await) == pb::TaskState::Running).then_some(()) }
+    })
+    .await;
+
+    // The process restarts at the same address: it registers without a
+    // session id. It cannot be running the old session's attempt.
+    refreshing.cancel();
+    let again = d
+        .register_push_worker(pb::RegisterPushWorkerRequest {
+            registration: Some(reg),
+            address: url.clone(),
+            session_id: String::new(),
+        })
+        .await
+        .expect("register again")
+        .into_inner()
+        .registered
+        .unwrap();
+    assert_ne!(again.session_id, first);
+    let repushed = tokio::time::timeout(LIMIT, seen.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(repushed.session_id, again.session_id);
+    let a = repushed.assignment.unwrap();
+    assert_eq!(a.task_id, id);
+    let t = get(&mut api, &id).await;
+    assert_eq!(
+        t.attempts[0].outcome,
+        pb::AttemptOutcome::WorkerLost as i32,
+        "{t:?}"
+    );
+    let listed = workers(&mut api).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].session_id, again.session_id);
     node.stop(Duration::from_secs(5)).await;
 }

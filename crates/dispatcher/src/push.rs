@@ -12,8 +12,9 @@
 //! functions a stream's messages go through, so the two kinds of worker
 //! cannot drift apart.
 //!
-//! Liveness: the worker re-registers every heartbeat interval (that
-//! refreshes the session); three probes failing in a row, or no refresh for
+//! Liveness: the worker re-registers every heartbeat interval naming its
+//! session (that refreshes it; without the session id it is a new process
+//! and replaces the session); three probes failing in a row, or no refresh for
 //! three heartbeat intervals (the silence that loses a stream), lose the
 //! session exactly like a lost stream ([`crate::lost::lose_session`]).
 //!
@@ -116,7 +117,10 @@ pub(crate) async fn register(
     };
     let now = shared.clock.now_millis();
 
-    // A refresh: same worker, same address, same registration, not leaving.
+    // A refresh names its session, which must still be here, not leaving,
+    // with the same worker, address and registration. Any other session of
+    // this worker at this address is replaced: the worker registering
+    // without it is a new process, or it changed what it serves.
     let mut replaced = None;
     let refreshed = {
         let mut sessions = shared.push.lock();
@@ -124,7 +128,7 @@ pub(crate) async fn register(
             .iter_mut()
             .find(|(_, s)| !s.leaving && s.worker_id == reg.worker_id && s.address == req.address);
         match found {
-            Some((id, s)) if s.registration == reg => {
+            Some((id, s)) if *id == req.session_id && s.registration == reg => {
                 s.refreshed = Instant::now();
                 s.entry.last_seen = now;
                 Some((id.clone(), s.entry.clone()))
@@ -146,12 +150,10 @@ pub(crate) async fn register(
         return Ok(answer(session_id));
     }
     if let Some(old) = replaced {
-        // What it serves changed: the old session's attempts are taken back
-        // and the worker starts over under a new one.
         end_session(
             shared,
             &old,
-            "the worker registered again with a new registration",
+            "the worker registered anew (restarted, or a new registration)",
         )
         .await;
     }

@@ -53,6 +53,8 @@ struct Push {
     advertise: String,
     /// Session id → the server that granted it.
     sessions: Mutex<HashMap<String, String>>,
+    /// Server → the last session it granted.
+    granted: Mutex<HashMap<String, String>>,
     /// The session registrations refresh, if any.
     current: Mutex<Option<String>>,
     /// One lazily connected client per server.
@@ -82,9 +84,12 @@ impl Push {
     /// Registers (or refreshes) with `server`.
     async fn register(&self, server: &str) -> Result<WorkerRegistered, Error> {
         let mut client = self.client(server)?;
+        // The session this server granted us last, if any: a refresh.
+        let session_id = lock(&self.granted).get(server).cloned().unwrap_or_default();
         let req = RegisterPushWorkerRequest {
             registration: Some(registration(&self.shared)),
             address: self.advertise.clone(),
+            session_id,
         };
         let answer = tokio::time::timeout(CALL_TIMEOUT, client.register_push_worker(req))
             .await
@@ -229,6 +234,7 @@ pub(crate) async fn run(
         shared: shared.clone(),
         advertise,
         sessions: Mutex::new(HashMap::new()),
+        granted: Mutex::new(HashMap::new()),
         current: Mutex::new(None),
         clients: Mutex::new(HashMap::new()),
         draining: AtomicBool::new(false),
@@ -311,6 +317,7 @@ async fn register_loop(push: &Arc<Push>, shutdown: &CancellationToken) {
                 let is_new = lock(&push.sessions)
                     .insert(session_id.clone(), server.to_string())
                     .is_none();
+                lock(&push.granted).insert(server.to_string(), session_id.clone());
                 *lock(&push.current) = Some(session_id.clone());
                 let heartbeat = registered
                     .heartbeat_interval
