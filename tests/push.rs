@@ -765,3 +765,62 @@ async fn a_worker_registering_anew_at_its_address_gets_its_attempts_taken_back()
     assert_eq!(listed[0].session_id, again.session_id);
     node.stop(Duration::from_secs(5)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_worker_on_one_replica_is_seen_and_used_from_the_other() {
+    let redis = std::env::var("TASKMESH_TEST_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = format!("taskmesh-test-{}:", uuid::Uuid::new_v4().simple());
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let mut opts = node_options(dir.path());
+        opts.dispatcher.heartbeat_interval = Duration::from_millis(300);
+        let mut r = taskmesh_coord::RedisOptions::new(redis.clone(), "replica");
+        r.key_prefix = prefix.clone();
+        r.lease_ttl = Duration::from_secs(3);
+        r.renew_interval = Duration::from_secs(1);
+        opts.redis = Some(r);
+        replicas.push(
+            taskmesh_cli::node::start(opts)
+                .await
+                .expect("a replica starts (is Redis up on 127.0.0.1:6379?)"),
+        );
+    }
+    let mut a = api(replicas[0].grpc_addr).await;
+
+    // The first server of its list is down: it registers with the next.
+    let dead: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let ledger = Ledger::default();
+    let w = counting_push_worker(
+        &[dead, replicas[1].grpc_addr],
+        "push-on-b",
+        4,
+        ledger.clone(),
+    );
+    assert!(w.handle.wait_connected(LIMIT).await);
+    let listed = workers(&mut a).await;
+    assert_eq!(
+        listed.len(),
+        1,
+        "replica A sees B's push worker: {listed:?}"
+    );
+    assert_eq!(listed[0].worker_id, "push-on-b");
+
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        ids.push(submit(&mut a, "echo", b"{}").await);
+    }
+    for id in &ids {
+        let t = wait_succeeded(&a, id).await;
+        assert_eq!(t.attempts.len(), 1, "{t:?}");
+        assert_eq!(ledger.count(id), 1);
+    }
+    // Refreshes keep one session: the worker never registered twice.
+    assert_eq!(w.handle.sessions(), 1);
+    w.shutdown.cancel();
+    let _ = w.join.await;
+    for r in replicas {
+        r.stop(Duration::from_secs(5)).await;
+    }
+}

@@ -27,6 +27,7 @@ use taskmesh::v1::{
     ReportResultRequest, TaskComplete, TaskFailure, TaskSuccess, WorkerRegistered, task_complete,
 };
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
@@ -55,6 +56,8 @@ struct Push {
     sessions: Mutex<HashMap<String, String>>,
     /// Server → the last session it granted.
     granted: Mutex<HashMap<String, String>>,
+    /// Bumped whenever a session is added to `sessions`.
+    registered: watch::Sender<u64>,
     /// The session registrations refresh, if any.
     current: Mutex<Option<String>>,
     /// One lazily connected client per server.
@@ -75,6 +78,20 @@ impl Push {
         let client = DispatcherClient::new(channel);
         clients.insert(server.to_string(), client.clone());
         Ok(client)
+    }
+
+    /// The server that granted `session_id`. A push may overtake the
+    /// registration's answer on the way in, so an unknown session is waited
+    /// for (until a registration call could have timed out).
+    async fn server_of(&self, session_id: &str) -> Option<String> {
+        let mut changes = self.registered.subscribe();
+        let known = || lock(&self.sessions).get(session_id).cloned();
+        if let Some(server) = known() {
+            return Some(server);
+        }
+        let wait = changes.wait_for(|_| lock(&self.sessions).contains_key(session_id));
+        let _ = tokio::time::timeout(CALL_TIMEOUT, wait).await;
+        known()
     }
 
     fn worker_id(&self) -> &str {
@@ -104,7 +121,7 @@ impl Push {
     async fn report(&self, session_id: String, done: Done) {
         let worker_id = self.worker_id();
         let (task_id, execution_id) = (done.task_id.clone(), done.execution_id.clone());
-        let Some(server) = lock(&self.sessions).get(&session_id).cloned() else {
+        let Some(server) = self.server_of(&session_id).await else {
             warn!(
                 worker_id,
                 task_id,
@@ -235,6 +252,7 @@ pub(crate) async fn run(
         advertise,
         sessions: Mutex::new(HashMap::new()),
         granted: Mutex::new(HashMap::new()),
+        registered: watch::Sender::new(0),
         current: Mutex::new(None),
         clients: Mutex::new(HashMap::new()),
         draining: AtomicBool::new(false),
@@ -325,6 +343,7 @@ async fn register_loop(push: &Arc<Push>, shutdown: &CancellationToken) {
                     .filter(|d| !d.is_zero())
                     .unwrap_or(DEFAULT_HEARTBEAT);
                 if is_new {
+                    push.registered.send_modify(|n| *n += 1);
                     shared.state.sessions.fetch_add(1, Ordering::SeqCst);
                     info!(
                         worker_id,
@@ -456,14 +475,24 @@ impl WorkerService for PushService {
             }
             None => false,
         };
-        info!(
-            worker_id = push.worker_id(),
-            task_id = c.task_id,
-            execution_id = c.execution_id,
-            reason = c.reason,
-            found,
-            "cancel from the server"
-        );
+        // A cancel for an attempt that already ended here is routine (the
+        // server's answer to a late ACK): only a real one is worth a line.
+        if found {
+            info!(
+                worker_id = push.worker_id(),
+                task_id = c.task_id,
+                execution_id = c.execution_id,
+                reason = c.reason,
+                "cancelling task"
+            );
+        } else {
+            debug!(
+                worker_id = push.worker_id(),
+                task_id = c.task_id,
+                execution_id = c.execution_id,
+                "cancel for an execution not running here"
+            );
+        }
         Ok(Response::new(CancelResponse { found }))
     }
 
