@@ -266,7 +266,19 @@ pub(crate) async fn run(
     let stop_serving = CancellationToken::new();
     let server = {
         let service = WorkerServer::new(service::PushService(push.clone()));
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Nagle off, as on the server: an Execute answer (the ACK) is one
+        // small frame that would otherwise wait for the peer's delayed ACK.
+        // tonic ignores `Server::tcp_nodelay` with an incoming stream of our own.
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |conn| {
+                conn.inspect(|tcp| {
+                    if let Err(err) = tcp.set_nodelay(true) {
+                        warn!(error = %err, "cannot set TCP_NODELAY on a connection");
+                    }
+                })
+            },
+        );
         let stop = stop_serving.clone();
         tokio::spawn(async move {
             tonic::transport::Server::builder()
