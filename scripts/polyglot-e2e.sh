@@ -9,7 +9,9 @@
 # 100 tasks submitted by Node all SUCCEEDED (watched, then read back with
 # GetTask, outputs equal to payloads); a failing handler ends FAILED; tasks
 # running at SIGTERM are finished by the drain; the worker exits 0; its own
-# count agrees with the Node client's task ids exactly.
+# count agrees with the Node client's task ids exactly. Then the same in push
+# mode: the worker serves the Worker service, registers its address, runs 100
+# tasks pushed by Worker.Execute, deregisters on SIGTERM and exits 0.
 #
 # Every wait has a deadline; every process started here is stopped on exit,
 # failure or interrupt (trap); the last line is "N passed, M failed".
@@ -48,7 +50,7 @@ cleanup() {
   stop_process "$worker_pid" "python worker"
   stop_process "$server_pid" "taskmesh serve"
   if [ "$failed" -gt 0 ] || [ "$code" -ne 0 ]; then
-    for log in serve.log worker.log; do
+    for log in serve.log worker.log push-worker.log; do
       [ -s "$tmp/$log" ] && { echo "--- last lines of $log"; tail -n 40 "$tmp/$log"; }
     done
   fi
@@ -123,12 +125,13 @@ drained() {
 }
 check "node: tasks running at SIGTERM are finished by the worker's drain" drained
 
-worker_exit() {
+worker_exit() { # [log]: waits for the worker to exit, shows its last line
+  local log="${1:-worker.log}"
   wait_until 60 process_gone "$worker_pid" || { echo "worker still running after 60 s"; return 1; }
   wait "$worker_pid"
   local code=$?
   worker_pid=""
-  echo "python worker exit code $code: $(tail -n 1 "$tmp/worker.log")"
+  echo "python worker exit code $code: $(tail -n 1 "$tmp/$log")"
   [ "$code" -eq 0 ]
 }
 check "python: the worker drained and exited 0" worker_exit
@@ -156,6 +159,45 @@ sys.exit(1 if problems else 0)
 PY
 }
 check "python: the worker's own count matches the node client's tasks" cross_check
+
+# Push mode: the same worker serving the Worker service; the server calls
+# Worker.Execute on it instead of pushing on a stream.
+push_port="$(free_port)"
+"$py" "$worker_dir/worker.py" --server "$server" --worker-id py-push --concurrency 8 \
+  --push-listen "127.0.0.1:$push_port" --stats-file "$tmp/push-stats.json" \
+  >"$tmp/push-worker.log" 2>&1 &
+worker_pid=$!
+check "node: the python push-mode worker is registered (ListWorkers)" \
+  node_client workers --handler py.echo --worker-id py-push --wait 30
+check "node: 100 py.echo tasks SUCCEEDED through Worker.Execute (push mode)" \
+  node_client run --handler py.echo --count 100 --check-echo --timeout 120 \
+  --ids-file "$tmp/push-ids"
+push_exit() {
+  kill -TERM "$worker_pid"
+  worker_exit push-worker.log
+}
+check "python: the push-mode worker deregistered and exited 0" push_exit
+push_cross_check() {
+  [ -s "$tmp/push-stats.json" ] || { echo "no push worker stats"; return 1; }
+  "$py" - "$tmp/push-stats.json" "$tmp/push-ids" <<'PY'
+import json, sys
+stats = json.load(open(sys.argv[1]))
+node_ids = set(open(sys.argv[2]).read().split())
+worker_ids = set(stats["succeeded_task_ids"])
+problems = []
+if worker_ids != node_ids:
+    problems.append(f"{len(node_ids - worker_ids)} ids only in node, "
+                    f"{len(worker_ids - node_ids)} only in the worker")
+want = {"succeeded": 100, "results_accepted": 100, "results_refused": 0, "sessions": 1}
+for key, value in want.items():
+    if stats[key] != value:
+        problems.append(f"{key}={stats[key]}, want {value}")
+print("push worker counted " + " ".join(f"{k}={stats[k]}" for k in want) + "; "
+      + ("; ".join(problems) if problems else f"{len(worker_ids)} task ids match node's"))
+sys.exit(1 if problems else 0)
+PY
+}
+check "python: the push-mode worker's own count matches the node client's tasks" push_cross_check
 
 echo "polyglot: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -10,8 +10,12 @@ Rust SDK (crates/worker/src/session.rs) is the reference for every step.
 
     .venv/bin/python worker.py --server 127.0.0.1:50051 --concurrency 8
 
-Push mode (serving the `Worker` service so the dispatcher calls in) is not
-here yet: the server side of push mode does not exist. See README.md.
+With `--push-listen HOST:PORT` it works in push mode instead: it serves the
+`Worker` service there, registers that address with `RegisterPushWorker`
+(again every heartbeat interval), answers `Worker.Execute` with its ACK or
+refusal, and reports results with `ReportResult` (tmworker/push.py).
+
+    .venv/bin/python worker.py --server 127.0.0.1:50051 --push-listen 127.0.0.1:7070
 """
 
 # SIGTERM and SIGINT are blocked before any thread exists (gRPC's core starts
@@ -35,6 +39,7 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 
 from tmworker import BUILTIN, Worker  # noqa: E402  (imports grpc and the stubs)
+from tmworker.push import PushWorker  # noqa: E402
 from tmworker.session import CLOSE_GRACE, event  # noqa: E402
 
 
@@ -51,6 +56,11 @@ def parse_args(argv):
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds a drain may take before running handlers are cancelled")
     p.add_argument("--stats-file", help="write the counters as JSON here on exit")
+    p.add_argument("--push-listen", metavar="HOST:PORT",
+                   help="push mode: serve the Worker service here instead of holding a stream")
+    p.add_argument("--push-advertise", metavar="URL",
+                   help="push mode: the address the server calls (default http://HOST:PORT "
+                        "of --push-listen)")
     p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     unknown = [h for h in args.handlers.split(",") if h and h not in BUILTIN]
@@ -61,6 +71,16 @@ def parse_args(argv):
     for label in args.label:
         if "=" not in label:
             p.error(f"--label {label!r} is not key=value")
+    if args.push_advertise and not args.push_listen:
+        p.error("--push-advertise needs --push-listen")
+    if args.push_listen:
+        host, _, port = args.push_listen.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            p.error(f"--push-listen {args.push_listen!r} is not HOST:PORT")
+        if not args.push_advertise:
+            args.push_advertise = f"http://{args.push_listen}"
+        elif not args.push_advertise.startswith(("http://", "https://")):
+            p.error(f"--push-advertise {args.push_advertise!r} is not an http(s) URL")
     return args
 
 
@@ -71,7 +91,11 @@ def main(argv=None) -> int:
     servers = [s.strip().removeprefix("http://") for s in args.server.split(",") if s.strip()]
     handlers = {h: BUILTIN[h] for h in args.handlers.split(",") if h}
     labels = dict(label.split("=", 1) for label in args.label)
-    worker = Worker(servers, handlers, args.concurrency, args.worker_id, args.name, labels)
+    if args.push_listen:
+        worker = PushWorker(servers, handlers, args.concurrency, args.worker_id, args.name,
+                            labels, args.push_listen, args.push_advertise)
+    else:
+        worker = Worker(servers, handlers, args.concurrency, args.worker_id, args.name, labels)
 
     main_thread = threading.get_ident()
 

@@ -1,0 +1,247 @@
+"""Push mode: the worker serves the `Worker` service and the dispatcher calls
+it, instead of the worker holding a `Dispatcher.Connect` stream. The Rust
+SDK's push mode (crates/worker) is the reference.
+
+- `RegisterPushWorker` with our address, to the first server of the list
+  that answers, then again every heartbeat interval it asks for (failing
+  over to the next server when one stops answering: a new session).
+- `Worker.Execute` is an assignment: the answer is the ACK (`accepted`) or a
+  refusal (BUSY when every slot is taken or while draining, UNKNOWN_HANDLER).
+  The handler runs on the pool after the answer is decided.
+- `ReportResult` sends each result to the replica holding our session; its
+  `recorded.accepted` says whether it was stored or refused as stale.
+- `Worker.Cancel` sets the handler's `task.cancelled`; `Worker.Probe`
+  answers the server's liveness probe with our load.
+- Stopping: `DeregisterPushWorker`, take nothing new, finish what runs.
+"""
+
+import logging
+import random
+import threading
+import time
+from typing import Dict, Optional
+
+import grpc
+
+from .handlers import Handler, HandlerError, Task
+from .session import event
+from .stubs import dispatcher_pb2_grpc, pb, task_pb2, worker_pb2, worker_pb2_grpc
+from .worker import DEFAULT_HEARTBEAT, RECONNECT_INITIAL, RECONNECT_MAX, Worker
+
+CALL_TIMEOUT = 5.0
+REPORT_ATTEMPTS = 5
+
+log = logging.getLogger("py-worker")
+
+
+class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
+    """A `Worker` whose tasks arrive as `Worker.Execute` calls."""
+
+    def __init__(self, servers, handlers: Dict[str, Handler], capacity: int, worker_id: str,
+                 name: str, labels: Dict[str, str], listen: str, advertise: str) -> None:
+        super().__init__(servers, handlers, capacity, worker_id, name, labels)
+        self.listen = listen
+        self.advertise = advertise
+        self.inflight: Dict[str, Task] = {}  # by execution id
+        self.draining = False
+        self.session_id: Optional[str] = None
+        self.server_index = 0
+        self.server: Optional[grpc.Server] = None
+        self.idle = threading.Condition(self._lock)
+
+    # The Worker service -------------------------------------------------
+
+    def Execute(self, request, context):
+        a = request.assignment
+        fields = dict(worker_id=self.worker_id, task_id=a.task_id, attempt=a.attempt,
+                      execution_id=a.execution_id)
+        self.stats.add("assigned")
+        with self._lock:
+            if self.draining:
+                return self._refuse(pb.REJECT_REASON_BUSY, "worker is draining")
+            if a.execution_id in self.inflight:
+                event(logging.DEBUG, "duplicate assignment; accepting again", **fields)
+                return worker_pb2.ExecuteResponse(accepted=True)
+            handler = self.handlers.get(a.handler)
+            if handler is None:
+                return self._refuse(pb.REJECT_REASON_UNKNOWN_HANDLER,
+                                    f"handler {a.handler!r} is not served by this worker")
+            if not self.slots.acquire(blocking=False):
+                return self._refuse(pb.REJECT_REASON_BUSY, f"all {self.capacity} slots are taken")
+            task = Task(a.task_id, a.attempt, a.execution_id, a.handler, a.payload.data,
+                        a.payload.content_type, dict(a.labels))
+            self.inflight[a.execution_id] = task
+            session_id = self.session_id
+        event(logging.DEBUG, "task accepted", handler=a.handler, **fields)
+        self.pool.submit(self.run_task, handler, task, session_id)
+        return worker_pb2.ExecuteResponse(accepted=True)
+
+    def _refuse(self, reason: int, message: str):
+        self.stats.add("rejected")
+        return worker_pb2.ExecuteResponse(accepted=False, reject_reason=reason, message=message)
+
+    def Cancel(self, request, context):
+        with self._lock:
+            task = self.inflight.get(request.execution_id)
+        if task is None:
+            return worker_pb2.CancelResponse(found=False)
+        event(logging.INFO, "cancelling task", worker_id=self.worker_id, task_id=request.task_id,
+              execution_id=request.execution_id, reason=request.reason)
+        task.cancelled.set()
+        return worker_pb2.CancelResponse(found=True)
+
+    def Probe(self, request, context):
+        with self._lock:
+            return worker_pb2.ProbeResponse(worker_id=self.worker_id, active=len(self.inflight),
+                                            capacity=self.capacity, draining=self.draining)
+
+    # Running and reporting ----------------------------------------------
+
+    def run_task(self, handler: Handler, task: Task, session_id: Optional[str]) -> None:
+        started = time.monotonic()
+        try:
+            out = handler(task)
+            result = dict(success=pb.TaskSuccess(output=task_pb2.Payload(
+                data=out.data, content_type=out.content_type)))
+        except HandlerError as err:
+            result = dict(failure=pb.TaskFailure(message=err.message, retryable=err.retryable))
+        except Exception as err:  # a handler bug must not kill the worker
+            log.exception("handler raised")
+            result = dict(failure=pb.TaskFailure(
+                message=f"handler raised {type(err).__name__}: {err}", retryable=True))
+        self.record_cost((time.monotonic() - started) * 1000.0)
+        complete = pb.TaskComplete(task_id=task.task_id, execution_id=task.execution_id, **result)
+        # Free the slot before reporting: the server may push the next task as
+        # soon as it has stored the result, and must not find us still full.
+        self.slots.release()
+        accepted = self.report(complete, session_id)
+        with self._lock:
+            self.inflight.pop(task.execution_id, None)
+            self.idle.notify_all()
+        if accepted is None:
+            return
+        self.stats.add("results_accepted" if accepted else "results_refused")
+        if accepted:
+            self.stats.add("succeeded" if "success" in result else "failed", task.task_id)
+        else:
+            event(logging.INFO, "report refused", worker_id=self.worker_id, task_id=task.task_id,
+                  execution_id=task.execution_id)
+
+    def report(self, complete, session_id: Optional[str]) -> Optional[bool]:
+        """Sends one result to the replica holding the session it ran under;
+        retries while that replica is unreachable. None: never delivered (the
+        server takes the attempt back when it sees us gone)."""
+        server = self.servers[self.server_index % len(self.servers)]
+        for attempt in range(REPORT_ATTEMPTS):
+            try:
+                with grpc.insecure_channel(server) as channel:
+                    stub = dispatcher_pb2_grpc.DispatcherStub(channel)
+                    reply = stub.ReportResult(pb.ReportResultRequest(
+                        session_id=session_id or "", complete=complete), timeout=CALL_TIMEOUT)
+                return reply.recorded.accepted
+            except grpc.RpcError as err:
+                code = err.code()
+                event(logging.WARNING, "report failed", worker_id=self.worker_id,
+                      task_id=complete.task_id, server=server, code=code, attempt=attempt + 1)
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    return False
+                time.sleep(min(RECONNECT_MAX, RECONNECT_INITIAL * 2 ** attempt))
+        return None
+
+    # Registration -------------------------------------------------------
+
+    def run(self) -> None:
+        """Serves `Worker` and keeps the registration fresh until stopped,
+        then drains."""
+        self.server = grpc.server(self.pool_for_rpcs(), options=[("grpc.so_reuseport", 0)])
+        worker_pb2_grpc.add_WorkerServicer_to_server(self, self.server)
+        if self.server.add_insecure_port(self.listen) == 0:
+            self.fatal = f"cannot listen on {self.listen}"
+            return
+        self.server.start()
+        event(logging.INFO, "serving Worker", worker_id=self.worker_id, listen=self.listen,
+              advertise=self.advertise)
+        backoff = RECONNECT_INITIAL
+        interval = DEFAULT_HEARTBEAT
+        while not self.stopping.is_set():
+            server = self.servers[self.server_index % len(self.servers)]
+            try:
+                interval = self.register(server)
+                backoff = RECONNECT_INITIAL
+                wait = interval
+            except grpc.RpcError as err:
+                code = err.code()
+                event(logging.WARNING, "registration failed", worker_id=self.worker_id,
+                      server=server, code=code, detail=repr(err.details()))
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    self.fatal = f"registration refused: {err.details()}"
+                    break
+                with self._lock:
+                    self.server_index += 1  # fail over to the next server
+                    self.session_id = None
+                wait = backoff * random.uniform(0.5, 1.0)
+                backoff = min(backoff * 2, RECONNECT_MAX)
+            if self.stopping.wait(wait):
+                break
+        self.drain()
+
+    def pool_for_rpcs(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        # Execute/Probe/Cancel are quick; handlers run on self.pool.
+        return ThreadPoolExecutor(max_workers=8, thread_name_prefix="rpc")
+
+    def register(self, server: str) -> float:
+        with grpc.insecure_channel(server) as channel:
+            reply = dispatcher_pb2_grpc.DispatcherStub(channel).RegisterPushWorker(
+                pb.RegisterPushWorkerRequest(
+                    registration=pb.WorkerRegistration(
+                        worker_id=self.worker_id, name=self.name, handlers=sorted(self.handlers),
+                        capacity=self.capacity, labels=self.labels, weight=1),
+                    address=self.advertise),
+                timeout=CALL_TIMEOUT)
+        registered = reply.registered
+        with self._lock:
+            fresh = registered.session_id != self.session_id
+            self.session_id = registered.session_id
+        if fresh:
+            self.stats.add("sessions")
+            event(logging.INFO, "registered", worker_id=self.worker_id, server=server,
+                  session_id=registered.session_id)
+        return registered.heartbeat_interval.ToTimedelta().total_seconds() or DEFAULT_HEARTBEAT
+
+    def drain(self) -> None:
+        """Deregisters, takes nothing new, waits for running handlers."""
+        with self._lock:
+            self.draining = True
+            session_id = self.session_id
+            running = len(self.inflight)
+        event(logging.INFO, "draining", worker_id=self.worker_id, running=running)
+        if session_id:
+            server = self.servers[self.server_index % len(self.servers)]
+            try:
+                with grpc.insecure_channel(server) as channel:
+                    dispatcher_pb2_grpc.DispatcherStub(channel).DeregisterPushWorker(
+                        pb.DeregisterPushWorkerRequest(session_id=session_id, reason="stopping"),
+                        timeout=CALL_TIMEOUT)
+            except grpc.RpcError as err:
+                event(logging.WARNING, "deregistration failed", worker_id=self.worker_id,
+                      code=err.code())
+        with self._lock:
+            while self.inflight and not self.aborted:
+                self.idle.wait(0.5)
+        if self.server is not None:
+            self.server.stop(grace=1.0).wait()
+
+    aborted = False
+
+    def stop(self, reason: str) -> None:
+        event(logging.INFO, "stopping", worker_id=self.worker_id, reason=reason)
+        self.stopping.set()
+
+    def abort(self) -> None:
+        with self._lock:
+            self.aborted = True
+            for task in self.inflight.values():
+                task.cancelled.set()
+            self.idle.notify_all()
