@@ -24,7 +24,7 @@ from typing import Dict, Optional
 import grpc
 
 from .handlers import Handler, HandlerError, Task
-from .session import event
+from .session import CpuIdle, event
 from .stubs import dispatcher_pb2_grpc, pb, task_pb2, worker_pb2, worker_pb2_grpc
 from .worker import DEFAULT_HEARTBEAT, RECONNECT_INITIAL, RECONNECT_MAX, Worker
 
@@ -45,6 +45,8 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         self.inflight: Dict[str, Task] = {}  # by execution id
         self.draining = False
         self.session_id: Optional[str] = None
+        self.granted_by: Dict[str, str] = {}  # session id -> the server that granted it
+        self.cpu = CpuIdle()
         self.server_index = 0
         self.server: Optional[grpc.Server] = None
         self.idle = threading.Condition(self._lock)
@@ -71,7 +73,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
             task = Task(a.task_id, a.attempt, a.execution_id, a.handler, a.payload.data,
                         a.payload.content_type, dict(a.labels))
             self.inflight[a.execution_id] = task
-            session_id = self.session_id
+            session_id = request.session_id or self.session_id
         event(logging.DEBUG, "task accepted", handler=a.handler, **fields)
         self.pool.submit(self.run_task, handler, task, session_id)
         return worker_pb2.ExecuteResponse(accepted=True)
@@ -92,8 +94,10 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
 
     def Probe(self, request, context):
         with self._lock:
-            return worker_pb2.ProbeResponse(worker_id=self.worker_id, active=len(self.inflight),
-                                            capacity=self.capacity, draining=self.draining)
+            active, draining = len(self.inflight), self.draining
+        return worker_pb2.ProbeResponse(
+            worker_id=self.worker_id, active=active, capacity=self.capacity, draining=draining,
+            cpu_idle_percent=self.cpu.sample(), avg_cost_ms=self.average_cost_ms())
 
     # Running and reporting ----------------------------------------------
 
@@ -128,10 +132,12 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
                   execution_id=task.execution_id)
 
     def report(self, complete, session_id: Optional[str]) -> Optional[bool]:
-        """Sends one result to the replica holding the session it ran under;
-        retries while that replica is unreachable. None: never delivered (the
-        server takes the attempt back when it sees us gone)."""
-        server = self.servers[self.server_index % len(self.servers)]
+        """Sends one result to the server that granted the session it ran
+        under; retries while that server is unreachable. None: never delivered
+        (the server takes the attempt back when it sees us gone)."""
+        with self._lock:
+            server = self.granted_by.get(session_id or "",
+                                         self.servers[self.server_index % len(self.servers)])
         for attempt in range(REPORT_ATTEMPTS):
             try:
                 with grpc.insecure_channel(server) as channel:
@@ -143,6 +149,8 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
                 code = err.code()
                 event(logging.WARNING, "report failed", worker_id=self.worker_id,
                       task_id=complete.task_id, server=server, code=code, attempt=attempt + 1)
+                if code == grpc.StatusCode.NOT_FOUND:
+                    return False  # the session is gone: the result is stale
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     return False
                 time.sleep(min(RECONNECT_MAX, RECONNECT_INITIAL * 2 ** attempt))
@@ -192,18 +200,25 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         return ThreadPoolExecutor(max_workers=8, thread_name_prefix="rpc")
 
     def register(self, server: str) -> float:
+        """Registers, or refreshes the session this server granted us (an
+        empty session id asks for a new one, replacing any earlier session of
+        ours at this address)."""
+        with self._lock:
+            current = self.session_id if self.granted_by.get(self.session_id or "") == server \
+                else None
         with grpc.insecure_channel(server) as channel:
             reply = dispatcher_pb2_grpc.DispatcherStub(channel).RegisterPushWorker(
                 pb.RegisterPushWorkerRequest(
                     registration=pb.WorkerRegistration(
                         worker_id=self.worker_id, name=self.name, handlers=sorted(self.handlers),
                         capacity=self.capacity, labels=self.labels, weight=1),
-                    address=self.advertise),
+                    address=self.advertise, session_id=current or ""),
                 timeout=CALL_TIMEOUT)
         registered = reply.registered
         with self._lock:
             fresh = registered.session_id != self.session_id
             self.session_id = registered.session_id
+            self.granted_by[registered.session_id] = server
         if fresh:
             self.stats.add("sessions")
             event(logging.INFO, "registered", worker_id=self.worker_id, server=server,
@@ -216,9 +231,9 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
             self.draining = True
             session_id = self.session_id
             running = len(self.inflight)
+            server = self.granted_by.get(session_id or "")
         event(logging.INFO, "draining", worker_id=self.worker_id, running=running)
-        if session_id:
-            server = self.servers[self.server_index % len(self.servers)]
+        if session_id and server:
             try:
                 with grpc.insecure_channel(server) as channel:
                     dispatcher_pb2_grpc.DispatcherStub(channel).DeregisterPushWorker(
