@@ -136,27 +136,34 @@ worker_exit() { # [log]: waits for the worker to exit, shows its last line
 }
 check "python: the worker drained and exited 0" worker_exit
 
-cross_check() {
-  [ -s "$tmp/worker-stats.json" ] || { echo "no worker stats"; return 1; }
-  cat "$tmp/echo-ids" "$tmp/sleep-ids" >"$tmp/succeeded-ids"
-  "$py" - "$tmp/worker-stats.json" "$tmp/succeeded-ids" <<'PY'
+# compare_stats LABEL STATS_FILE IDS_FILE WANT_JSON: the worker's own counters
+# (--stats-file) against what the Node client saw: the same task ids
+# succeeded, and the counters in WANT_JSON exactly.
+compare_stats() {
+  [ -s "$2" ] || { echo "no $1 stats"; return 1; }
+  "$py" - "$@" <<'PY'
 import json, sys
-stats = json.load(open(sys.argv[1]))
-node_ids = set(open(sys.argv[2]).read().split())
+label, stats_file, ids_file, want_json = sys.argv[1:5]
+stats = json.load(open(stats_file))
+node_ids = set(open(ids_file).read().split())
 worker_ids = set(stats["succeeded_task_ids"])
 problems = []
 if worker_ids != node_ids:
     problems.append(f"{len(node_ids - worker_ids)} ids only in node, "
                     f"{len(worker_ids - node_ids)} only in the worker")
-want = {"succeeded": 103, "failed": 1, "results_accepted": 104, "results_refused": 0,
-        "rejected": 0, "sessions": 1}
+want = json.loads(want_json)
 for key, value in want.items():
     if stats[key] != value:
         problems.append(f"{key}={stats[key]}, want {value}")
-print("worker counted " + " ".join(f"{k}={stats[k]}" for k in want) + "; "
+print(f"{label} counted " + " ".join(f"{k}={stats[k]}" for k in want) + "; "
       + ("; ".join(problems) if problems else f"{len(worker_ids)} task ids match node's"))
 sys.exit(1 if problems else 0)
 PY
+}
+cross_check() {
+  cat "$tmp/echo-ids" "$tmp/sleep-ids" >"$tmp/succeeded-ids"
+  compare_stats worker "$tmp/worker-stats.json" "$tmp/succeeded-ids" \
+    '{"succeeded": 103, "failed": 1, "results_accepted": 104, "results_refused": 0, "rejected": 0, "sessions": 1}'
 }
 check "python: the worker's own count matches the node client's tasks" cross_check
 
@@ -178,24 +185,8 @@ push_exit() {
 }
 check "python: the push-mode worker deregistered and exited 0" push_exit
 push_cross_check() {
-  [ -s "$tmp/push-stats.json" ] || { echo "no push worker stats"; return 1; }
-  "$py" - "$tmp/push-stats.json" "$tmp/push-ids" <<'PY'
-import json, sys
-stats = json.load(open(sys.argv[1]))
-node_ids = set(open(sys.argv[2]).read().split())
-worker_ids = set(stats["succeeded_task_ids"])
-problems = []
-if worker_ids != node_ids:
-    problems.append(f"{len(node_ids - worker_ids)} ids only in node, "
-                    f"{len(worker_ids - node_ids)} only in the worker")
-want = {"succeeded": 100, "results_accepted": 100, "results_refused": 0, "sessions": 1}
-for key, value in want.items():
-    if stats[key] != value:
-        problems.append(f"{key}={stats[key]}, want {value}")
-print("push worker counted " + " ".join(f"{k}={stats[k]}" for k in want) + "; "
-      + ("; ".join(problems) if problems else f"{len(worker_ids)} task ids match node's"))
-sys.exit(1 if problems else 0)
-PY
+  compare_stats "push worker" "$tmp/push-stats.json" "$tmp/push-ids" \
+    '{"succeeded": 100, "results_accepted": 100, "results_refused": 0, "sessions": 1}'
 }
 check "python: the push-mode worker's own count matches the node client's tasks" push_cross_check
 

@@ -23,9 +23,9 @@ from typing import Dict, Optional
 
 import grpc
 
-from .handlers import Handler, HandlerError, Task
-from .session import CpuIdle, event
-from .stubs import dispatcher_pb2_grpc, pb, task_pb2, worker_pb2, worker_pb2_grpc
+from .handlers import Handler, Task
+from .session import CpuIdle, event, run_handler
+from .stubs import dispatcher_pb2_grpc, pb, worker_pb2, worker_pb2_grpc
 from .worker import DEFAULT_HEARTBEAT, RECONNECT_INITIAL, RECONNECT_MAX, Worker
 
 CALL_TIMEOUT = 5.0
@@ -102,22 +102,8 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
     # Running and reporting ----------------------------------------------
 
     def run_task(self, handler: Handler, task: Task, session_id: Optional[str]) -> None:
-        started = time.monotonic()
-        try:
-            out = handler(task)
-            result = dict(success=pb.TaskSuccess(output=task_pb2.Payload(
-                data=out.data, content_type=out.content_type)))
-        except HandlerError as err:
-            result = dict(failure=pb.TaskFailure(message=err.message, retryable=err.retryable))
-        except Exception as err:  # a handler bug must not kill the worker
-            log.exception("handler raised")
-            result = dict(failure=pb.TaskFailure(
-                message=f"handler raised {type(err).__name__}: {err}", retryable=True))
-        self.record_cost((time.monotonic() - started) * 1000.0)
+        result = run_handler(self, handler, task)
         complete = pb.TaskComplete(task_id=task.task_id, execution_id=task.execution_id, **result)
-        # Free the slot before reporting: the server may push the next task as
-        # soon as it has stored the result, and must not find us still full.
-        self.slots.release()
         accepted = self.report(complete, session_id)
         with self._lock:
             self.inflight.pop(task.execution_id, None)

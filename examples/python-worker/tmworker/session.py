@@ -243,21 +243,7 @@ class Session:
 
     def run(self, handler: Handler, task: Task) -> None:
         """Runs one handler on a pool thread and reports its result."""
-        started = time.monotonic()
-        try:
-            out = handler(task)
-            result = dict(success=pb.TaskSuccess(output=task_pb2.Payload(
-                data=out.data, content_type=out.content_type)))
-        except HandlerError as err:
-            result = dict(failure=pb.TaskFailure(message=err.message, retryable=err.retryable))
-        except Exception as err:  # a handler bug must not kill the worker
-            log.exception("handler raised")
-            result = dict(failure=pb.TaskFailure(
-                message=f"handler raised {type(err).__name__}: {err}", retryable=True))
-        self.worker.record_cost((time.monotonic() - started) * 1000.0)
-        # Free the slot before reporting: the server may push the next task
-        # as soon as it reads the result, and must not find us still full.
-        self.worker.slots.release()
+        result = run_handler(self.worker, handler, task)
         with self.lock:
             self.inflight.pop(task.execution_id, None)
             sent = self._send_locked(complete=pb.TaskComplete(
@@ -271,6 +257,28 @@ class Session:
         event(logging.DEBUG, "task done", worker_id=self.worker.worker_id, task_id=task.task_id,
               attempt=task.attempt, execution_id=task.execution_id,
               outcome="success" if "success" in result else "failure", reported=sent)
+
+
+def run_handler(worker: "Worker", handler: Handler, task: Task) -> dict:
+    """Runs one handler and returns its result as `TaskComplete` fields
+    (`success` or `failure`); records its cost and frees its slot, before
+    the caller reports: the server may push the next task as soon as it has
+    the result, and must not find us still full. Shared by stream and push
+    mode."""
+    started = time.monotonic()
+    try:
+        out = handler(task)
+        result = dict(success=pb.TaskSuccess(output=task_pb2.Payload(
+            data=out.data, content_type=out.content_type)))
+    except HandlerError as err:
+        result = dict(failure=pb.TaskFailure(message=err.message, retryable=err.retryable))
+    except Exception as err:  # a handler bug must not kill the worker
+        log.exception("handler raised")
+        result = dict(failure=pb.TaskFailure(
+            message=f"handler raised {type(err).__name__}: {err}", retryable=True))
+    worker.record_cost((time.monotonic() - started) * 1000.0)
+    worker.slots.release()
+    return result
 
 
 class ProtocolError(Exception):
