@@ -137,14 +137,26 @@ async fn metrics_after_a_small_run_agree_with_it() {
         .await;
     }
 
-    // The gauges refresh on their own; wait until they show this state.
-    let text = wait_for("the gauges to refresh", Duration::from_secs(10), || async {
-        let (status, text) = http_get(node.http_addr, "/metrics").await;
-        assert_eq!(status, 200, "{text}");
-        (sample(&text, "taskmesh_queue_depth", &[("handler", "nobody")]) == Some(3.0)
-            && sample(&text, "taskmesh_workers_connected", &[]) == Some(1.0))
-        .then_some(text)
-    })
+    // The gauges refresh on their own (every 50 ms here), so a scrape right
+    // after the last task ended may still show it in flight: wait until they
+    // show this state — nothing in flight included; a slot that is never
+    // freed times this out.
+    let text = wait_for(
+        "the gauges to show 3 queued, 1 worker, nothing in flight",
+        Duration::from_secs(10),
+        || async {
+            let (status, text) = http_get(node.http_addr, "/metrics").await;
+            assert_eq!(status, 200, "{text}");
+            (sample(&text, "taskmesh_queue_depth", &[("handler", "nobody")]) == Some(3.0)
+                && sample(&text, "taskmesh_workers_connected", &[]) == Some(1.0)
+                && sample(
+                    &text,
+                    "taskmesh_worker_active_tasks",
+                    &[("worker_id", "metrics-worker")],
+                ) == Some(0.0))
+            .then_some(text)
+        },
+    )
     .await;
 
     let v = |name: &str, labels: &[(&str, &str)]| {
