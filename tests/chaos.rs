@@ -56,11 +56,11 @@ const FIRST_LEADER_KILL: Duration = Duration::from_secs(4);
 const LEADER_KILL_GAP: Duration = Duration::from_secs(8);
 
 /// How the store records an attempt taken back because the stream holding
-/// it was on a replica that died (`crates/dispatcher/src/stream.rs`,
+/// it was on a replica that died (`crates/dispatcher/src/lost.rs`,
 /// `crates/scheduler/src/orphans.rs`, `crates/scheduler/src/round.rs`: an
 /// ACK the dead replica never wrote).
 const CROSS_REPLICA_RELEASES: [&str; 3] = [
-    "the worker reconnected; its earlier stream is gone",
+    taskmesh_dispatcher::RELEASE_RECONNECTED,
     "its worker is gone from the cluster",
     "no ACK within the ACK timeout",
 ];

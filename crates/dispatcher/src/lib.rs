@@ -42,6 +42,7 @@ pub use batcher::Batcher;
 pub use engine::{DispatchStats, Shared};
 pub use error::{Error, grpc_code};
 pub use health::HEALTH_SERVICE_NAMES;
+pub use lost::RECONNECTED as RELEASE_RECONNECTED;
 pub use push::PushWorkers;
 pub use registry::{Heartbeat, Registration, Registry, Reserved};
 pub use stream::DispatcherService;

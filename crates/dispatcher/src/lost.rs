@@ -14,6 +14,11 @@ use tracing::{debug, info, warn};
 
 use crate::engine::Shared;
 
+/// The message stored with an attempt taken back because its worker
+/// registered again under a new session (a stream or a push registration)
+/// — typically after the replica holding its old one died.
+pub const RECONNECTED: &str = "the worker reconnected; its earlier session is gone";
+
 /// The event that ends `execution_id` as WORKER_LOST.
 pub(crate) fn lost_event(execution_id: &str, message: &str) -> Event {
     Event::Release {
@@ -75,7 +80,7 @@ pub(crate) async fn release_earlier_attempts(shared: &Shared, worker_id: &str) {
     };
     let registry = &shared.registry;
     let keep = |exec: &str| registry.sender_of(exec).is_none();
-    let why = "the worker reconnected; its earlier session is gone";
+    let why = RECONNECTED;
     match release_lost(shared, tasks, keep, why).await {
         Ok(moved) if moved.is_empty() => {}
         Ok(moved) => info!(
