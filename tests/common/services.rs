@@ -63,11 +63,14 @@ fn postgres_ids() -> (u32, u32) {
 }
 
 /// A Postgres server of our own: `initdb` in a temporary directory, started
-/// with `pg_ctl` on a free port. Durability is off (fsync, synchronous
-/// commit): these tests kill taskmesh processes, never the database.
+/// with `pg_ctl` on a free port. `fsync` is off (the machine does not
+/// crash under these tests), but commits are synchronous: a test that stops
+/// the server with `-m immediate` ([`stop`](Self::stop)) must not lose a
+/// commit it was told about.
 pub struct PrivatePostgres {
     pub port: u16,
     data: PathBuf,
+    run: PathBuf,
     bin: PathBuf,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -104,35 +107,60 @@ impl PrivatePostgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let port = free_port();
-        let settings = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off -c max_connections=200",
-            run.display()
-        );
-        let out = pg_command(&bin.join("pg_ctl"))
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(&log)
-            .args(["-o", &settings, "-w", "-t", "60", "start"])
-            .stdout(Stdio::null())
-            .output()
-            .expect("run pg_ctl start");
         let this = Self {
-            port,
+            port: free_port(),
             data,
+            run,
             bin,
             log,
             _dir: dir,
         };
+        this.start_again();
+        this
+    }
+
+    /// Starts the (stopped) server again on the same port and data
+    /// directory; waits until it accepts connections.
+    pub fn start_again(&self) {
+        let settings = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
+             -c full_page_writes=off -c max_connections=200",
+            self.port,
+            self.run.display()
+        );
+        let out = pg_command(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .arg("-l")
+            .arg(&self.log)
+            .args(["-o", &settings, "-w", "-t", "60", "start"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("run pg_ctl start");
         assert!(
             out.status.success(),
             "pg_ctl start failed: {}\n{}",
             String::from_utf8_lossy(&out.stderr),
-            std::fs::read_to_string(&this.log).unwrap_or_default()
+            std::fs::read_to_string(&self.log).unwrap_or_default()
         );
-        this
+    }
+
+    /// Stops the server at once (`pg_ctl stop -m immediate`: every
+    /// connection is cut, no checkpoint), as an outage would; waits until it
+    /// is gone.
+    pub fn stop(&self) {
+        let out = pg_command(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "-w", "-t", "30", "stop"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("run pg_ctl stop");
+        assert!(
+            out.status.success(),
+            "pg_ctl stop failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// `postgres://postgres@127.0.0.1:{port}/postgres`.
@@ -156,7 +184,9 @@ impl Drop for PrivatePostgres {
 }
 
 /// A `redis-server` child on a free loopback port, without persistence;
-/// killed when dropped.
+/// killed when dropped. [`kill`](Self::kill) and [`restart`](Self::restart)
+/// make an outage: the restarted server is empty, as a real one without
+/// persistence would be.
 pub struct PrivateRedis {
     pub port: u16,
     child: super::Child,
@@ -166,6 +196,25 @@ impl PrivateRedis {
     /// Starts a server and waits until it answers PING.
     pub fn start() -> Self {
         let port = free_port();
+        Self {
+            port,
+            child: Self::spawn(port),
+        }
+    }
+
+    /// Kills the server (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        self.child.kill();
+    }
+
+    /// Starts a fresh, empty server on the same port (killing the running
+    /// one, if any) and waits until it answers PING.
+    pub fn restart(&mut self) {
+        self.child.kill();
+        self.child = Self::spawn(self.port);
+    }
+
+    fn spawn(port: u16) -> super::Child {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -175,12 +224,9 @@ impl PrivateRedis {
             .unwrap_or_else(|e| {
                 panic!("redis-server must be installed for these tests (apt-get install redis-server): {e}")
             });
-        let this = Self {
-            port,
-            child: super::Child(child),
-        };
+        let child = super::Child(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !this.answers() {
+        while !answers(port) {
             assert!(
                 Instant::now() < deadline,
                 "private redis-server on port {port} did not answer within 10 s"
@@ -188,7 +234,7 @@ impl PrivateRedis {
             // Polling interval of a condition with a deadline.
             std::thread::sleep(Duration::from_millis(20));
         }
-        this
+        child
     }
 
     /// `redis://127.0.0.1:{port}`.
@@ -200,16 +246,17 @@ impl PrivateRedis {
     pub fn pid(&self) -> u32 {
         self.child.0.id()
     }
+}
 
-    fn answers(&self) -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-        let mut buf = [0u8; 7];
-        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
-    }
+/// Whether a Redis server on `port` answers PING.
+fn answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = [0u8; 7];
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
 
 impl PrivateRedis {
