@@ -242,8 +242,13 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
 
     let (reaped_tx, reaped_rx) = tokio::sync::mpsc::channel(1024);
     let breakers = Breakers::new(BreakerOptions::default());
+    let mut scheduler_opts = opts.scheduler.clone();
+    if let Some(redis) = &opts.redis {
+        // Every live stream re-puts its registry entry within the worker TTL.
+        scheduler_opts.registry_grace = redis.worker_ttl;
+    }
     let scheduler = Scheduler::build(
-        opts.scheduler.clone(),
+        scheduler_opts,
         store.clone(),
         coord.clone(),
         clock.clone(),

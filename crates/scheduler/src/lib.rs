@@ -50,6 +50,12 @@ pub struct SchedulerOptions {
     /// Test-only fault hook ([`fault`]): while this file exists, a round
     /// about to commit schedule fires waits after its lease check.
     pub fault_hold_round: Option<PathBuf>,
+    /// After coordination failed, how long it must answer again before the
+    /// orphan sweep trusts the worker registry: a coordination service that
+    /// came back may have lost it (a restarted Redis is empty), and a live
+    /// worker's entry returns only with its next heartbeat. The registry's
+    /// worker TTL is enough: every live stream re-puts its entry within it.
+    pub registry_grace: Duration,
 }
 
 impl Default for SchedulerOptions {
@@ -61,6 +67,7 @@ impl Default for SchedulerOptions {
             batch: 512,
             misfire_threshold: Duration::from_secs(5),
             fault_hold_round: None,
+            registry_grace: Duration::from_secs(15),
         }
     }
 }
@@ -139,6 +146,12 @@ pub struct Scheduler {
     awaiting_runs: AtomicBool,
     /// When the last orphan sweep ran (local millis).
     last_sweep: std::sync::atomic::AtomicI64,
+    /// A coordination call failed since the last lease this node held.
+    coord_failed: AtomicBool,
+    /// No orphan sweep before this (clock millis): coordination answers
+    /// again, but the registry may still be refilling
+    /// ([`SchedulerOptions::registry_grace`]).
+    sweep_not_before: std::sync::atomic::AtomicI64,
 }
 
 impl Scheduler {
@@ -161,6 +174,8 @@ impl Scheduler {
             handle: SchedulerHandle::default(),
             awaiting_runs: AtomicBool::new(true),
             last_sweep: std::sync::atomic::AtomicI64::new(0),
+            coord_failed: AtomicBool::new(false),
+            sweep_not_before: std::sync::atomic::AtomicI64::new(0),
         }
     }
 
@@ -246,15 +261,24 @@ impl Scheduler {
         } else {
             0.0
         });
+        if lease.is_err() {
+            self.coord_failed.store(true, Ordering::Relaxed);
+        }
         let Some(lease) = lease.map_err(|e| e.to_string())? else {
             return Ok(false);
         };
         let now = self.clock.now_millis();
+        if self.coord_failed.swap(false, Ordering::Relaxed) {
+            let grace = self.opts.registry_grace.as_millis() as i64;
+            self.sweep_not_before.store(now + grace, Ordering::Relaxed);
+        }
         // Every write of the round carries the lease's fencing token: if a
         // newer leader has written meanwhile, the store refuses it.
         let tasks = self.tasks_round(now, lease.token).await?;
         let schedules = self.schedules_round(now, lease.token).await?;
-        if now - self.last_sweep.load(Ordering::Relaxed) >= ORPHAN_SWEEP_EVERY_MS {
+        if now - self.last_sweep.load(Ordering::Relaxed) >= ORPHAN_SWEEP_EVERY_MS
+            && now >= self.sweep_not_before.load(Ordering::Relaxed)
+        {
             self.last_sweep.store(now, Ordering::Relaxed);
             self.sweep_orphans(now, lease.token).await?;
         }

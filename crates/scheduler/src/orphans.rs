@@ -3,7 +3,10 @@
 //! or it died itself) are taken back, so they run elsewhere without waiting
 //! for their execution deadline. A worker's registry entry lives for a few
 //! heartbeats after its last one, so a worker is declared gone only after it
-//! has been silent that long, or after its stream closed cleanly.
+//! has been silent that long, or after its stream closed cleanly. After
+//! coordination failed, the sweep waits until it has answered again for
+//! `SchedulerOptions::registry_grace`: a restarted Redis is empty, and the
+//! live workers' entries return only with their next heartbeats.
 
 use std::collections::HashSet;
 
@@ -19,7 +22,11 @@ impl Scheduler {
             .coord
             .list_workers()
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| {
+                self.coord_failed
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                e.to_string()
+            })?
             .into_iter()
             .map(|w| w.worker_id)
             .collect();
