@@ -393,13 +393,19 @@ async fn on_complete(
     }))
 }
 
+/// First and longest pause between writes of a result the store could
+/// not take because it was unreachable.
+const RESULT_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+const RESULT_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What a result's receipt will say, once known.
 pub(crate) type Recording = Pin<Box<dyn std::future::Future<Output = pb::ResultRecorded> + Send>>;
 
 /// Queues the result of an attempt held by `session_id` (stream or push
 /// mode) on the batcher and returns its receipt, which resolves once the
 /// result is durable (or at once when the session does not hold the
-/// attempt: a stale result). The slot frees after the commit.
+/// attempt: a stale result). While the store is unreachable the result is
+/// written again until it answers. The slot frees after the commit.
 pub(crate) async fn record_complete(
     shared: &Shared,
     session_id: &str,
@@ -449,11 +455,31 @@ pub(crate) async fn record_complete(
         task_id = %done.task_id,
         execution_id = %done.execution_id,
     );
-    let pending = shared.batcher.enqueue(&done.task_id, event).await;
+    let pending = shared.batcher.enqueue(&done.task_id, event.clone()).await;
     let shared = shared.clone();
+    let session_id = session_id.to_string();
     let (task_id, execution_id) = (done.task_id, done.execution_id);
     Box::pin(async move {
-        let result = pending.await;
+        let mut result = pending.await;
+        // The store is unreachable (its write failed as a whole): the worker
+        // has run the task and will not report it again, so the result is
+        // written again until the store answers, as long as this session
+        // holds the attempt (its slot stays taken meanwhile). Refusing it
+        // instead would leave the task RUNNING until its execution deadline,
+        // then run it a second time.
+        let mut backoff = RESULT_RETRY_FIRST;
+        while matches!(result, Err(taskmesh_store::Error::Unavailable(_)))
+            && shared.registry.holds(&session_id, &execution_id)
+        {
+            if backoff == RESULT_RETRY_FIRST
+                && let Err(err) = &result
+            {
+                warn!(task_id = %task_id, execution_id = %execution_id, error = %err, "result waits for the store");
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(RESULT_RETRY_MAX);
+            result = shared.batcher.enqueue(&task_id, event.clone()).await.await;
+        }
         if let Ok(task) = &result {
             crate::trace_context::continue_from(&span, &task.traceparent);
         }
