@@ -13,7 +13,8 @@
 //! result committed.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -70,24 +71,34 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
     rig.start_workers(args).await?;
     let recorder = Recorder::start(rig.node.store.clone(), true);
     let addr = rig.node.grpc_addr;
-    let result =
-        async {
-            let mark = rig.cpu_mark();
-            let generator = load::on_generator_thread(move || async move {
-                let api = load::client(addr).await?;
-                open_loop(&api, tasks, rate).await
-            });
-            let drained = {
-                let (rig, recorder) = (&rig, &recorder);
-                async move {
-                    load::wait_drained(rig, recorder, tasks as u64, Duration::from_secs(60)).await
-                }
-            };
-            let ((submitted, generator_cpu), _) = tokio::try_join!(generator, drained)?;
-            let cpu = rig.cpu_since(&mark, generator_cpu, tasks as u64);
-            Ok::<_, anyhow::Error>((submitted, cpu))
-        }
-        .await;
+    let result = async {
+        let mark = rig.cpu_mark();
+        let submitted = Arc::new(AtomicBool::new(false));
+        let done = submitted.clone();
+        let generator = load::on_generator_thread(move || async move {
+            let api = load::client(addr).await?;
+            let result = open_loop(&api, tasks, rate).await;
+            done.store(true, Ordering::Release);
+            result
+        });
+        let drained = {
+            let (rig, recorder, submitted) = (&rig, &recorder, &submitted);
+            async move {
+                load::wait_drained(
+                    rig,
+                    recorder,
+                    tasks as u64,
+                    Duration::from_secs(60),
+                    submitted,
+                )
+                .await
+            }
+        };
+        let ((submitted, generator_cpu), _) = tokio::try_join!(generator, drained)?;
+        let cpu = rig.cpu_since(&mark, generator_cpu, tasks as u64);
+        Ok::<_, anyhow::Error>((submitted, cpu))
+    }
+    .await;
     let missed = recorder.missed.load(Ordering::Relaxed);
     let seen = recorder.finish().await;
     let store = rig.store_label.clone();

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -635,12 +635,15 @@ pub async fn tally(store: &dyn Store) -> anyhow::Result<Tally> {
 }
 
 /// Waits until `expected` tasks have ended, with a progress bar on a
-/// terminal. Gives up when nothing ends for `stall`.
+/// terminal. Gives up when nothing ends for `stall`. The store is asked
+/// only once `submitted` is set: while the generator still submits, a
+/// moment with nothing READY and nothing in flight is not the end.
 pub async fn wait_drained(
     rig: &Rig,
     recorder: &Recorder,
     expected: u64,
     stall: Duration,
+    submitted: &AtomicBool,
 ) -> anyhow::Result<Instant> {
     let bar = progress(expected, "drained");
     let mut last = (0u64, Instant::now());
@@ -649,7 +652,8 @@ pub async fn wait_drained(
         let ended = recorder.ended.load(Ordering::Relaxed);
         bar.set_position(ended.min(expected));
         // The feed may drop changes under load; the store has the truth.
-        if ended >= expected || Instant::now() >= next_check {
+        if submitted.load(Ordering::Acquire) && (ended >= expected || Instant::now() >= next_check)
+        {
             next_check = Instant::now() + Duration::from_millis(500);
             if drained(rig.node.store.as_ref()).await? {
                 let at = Instant::now();

@@ -9,7 +9,7 @@
 //! last completion, as the store recorded them (`ended_at`).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -76,7 +76,15 @@ pub async fn run(args: &LoadArgs, tasks: usize) -> anyhow::Result<ThroughputRepo
                 let submit_per_s = ids.len() as f64 / started.elapsed().as_secs_f64();
                 let mark = rig.cpu_mark();
                 rig.start_workers(args).await?;
-                load::wait_drained(&rig, &recorder, tasks as u64, Duration::from_secs(60)).await?;
+                let submitted = AtomicBool::new(true);
+                load::wait_drained(
+                    &rig,
+                    &recorder,
+                    tasks as u64,
+                    Duration::from_secs(60),
+                    &submitted,
+                )
+                .await?;
                 (
                     submit_per_s,
                     rig.cpu_since(&mark, Duration::ZERO, tasks as u64),
@@ -87,18 +95,28 @@ pub async fn run(args: &LoadArgs, tasks: usize) -> anyhow::Result<ThroughputRepo
                 let mark = rig.cpu_mark();
                 let rate = args.rate;
                 let started = Instant::now();
+                let submitted = Arc::new(AtomicBool::new(false));
+                let done = submitted.clone();
                 let generator = load::on_generator_thread(move || async move {
                     let api = load::client(addr).await?;
-                    match rate {
+                    let result = match rate {
                         None => load::submit_all(&api, tasks, batch, 4).await,
                         Some(rate) => paced(&api, tasks, batch, rate).await,
-                    }
+                    };
+                    done.store(true, Ordering::Release);
+                    result
                 });
                 let drained = {
-                    let (rig, recorder) = (&rig, &recorder);
+                    let (rig, recorder, submitted) = (&rig, &recorder, &submitted);
                     async move {
-                        load::wait_drained(rig, recorder, tasks as u64, Duration::from_secs(60))
-                            .await
+                        load::wait_drained(
+                            rig,
+                            recorder,
+                            tasks as u64,
+                            Duration::from_secs(60),
+                            submitted,
+                        )
+                        .await
                     }
                 };
                 let ((ids, generator_cpu), _) = tokio::try_join!(generator, drained)?;
