@@ -315,9 +315,14 @@ pub(crate) async fn report(
     if !shared.push.lock().contains_key(&req.session_id) {
         return Err(unknown_session(&req.session_id));
     }
-    Ok(stream::record_complete(shared, &req.session_id, done)
+    // The recording (its retries while the store is unreachable, and the
+    // slot's release once it lands) runs on a task of its own: a caller
+    // that gives up, or the request timeout, must not drop it halfway and
+    // leave the attempt RUNNING with its slot taken.
+    let recording = stream::record_complete(shared, &req.session_id, done).await;
+    tokio::spawn(recording)
         .await
-        .await)
+        .map_err(|err| Status::internal(format!("recording the result failed: {err}")))
 }
 
 /// `DeregisterPushWorker`: the session takes nothing new and ends once its

@@ -50,6 +50,12 @@ impl Submitter {
                         Err(_) => break,
                     }
                 }
+                // A caller that gave up (cancelled, timed out) got no answer:
+                // do not create its tasks behind its back.
+                jobs.retain(|j| !j.reply.is_closed());
+                if jobs.is_empty() {
+                    continue;
+                }
                 let now = clock.now_millis();
                 if jobs.len() == 1 {
                     let job = jobs.pop().expect("one job");
@@ -66,11 +72,23 @@ impl Submitter {
                             let _ = job.reply.send(Ok(mine));
                         }
                     }
+                    Err(Error::Unavailable(msg)) => {
+                        // The store cannot be reached (or the commit's fate
+                        // is unknown): every caller is told so and may retry
+                        // (with its client_request_id, safely). Writing each
+                        // request again here could double a batch that did
+                        // commit, and would hold the writer for one timeout
+                        // per request.
+                        warn!(error = %msg, requests = jobs.len(), "batched submit failed: store unavailable");
+                        for job in jobs.drain(..) {
+                            let _ = job.reply.send(Err(Error::Unavailable(msg.clone())));
+                        }
+                    }
                     Err(err) => {
-                        // Nothing of the batch was written. Each request then
-                        // goes alone, so every caller gets its own answer
-                        // with its own error kind, and no request fails
-                        // because of another's.
+                        // Refused as a whole for another reason (nothing was
+                        // written): each request then goes alone, so every
+                        // caller gets its own answer with its own error
+                        // kind, and no request fails because of another's.
                         warn!(error = %err, requests = jobs.len(), "batched submit failed; writing each request alone");
                         for job in jobs.drain(..) {
                             let _ = job.reply.send(store.create_tasks(job.tasks, now).await);

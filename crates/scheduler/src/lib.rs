@@ -152,6 +152,8 @@ pub struct Scheduler {
     /// again, but the registry may still be refilling
     /// ([`SchedulerOptions::registry_grace`]).
     sweep_not_before: std::sync::atomic::AtomicI64,
+    /// The token of the last lease this node held (0: never led).
+    last_token: std::sync::atomic::AtomicU64,
 }
 
 impl Scheduler {
@@ -176,6 +178,7 @@ impl Scheduler {
             last_sweep: std::sync::atomic::AtomicI64::new(0),
             coord_failed: AtomicBool::new(false),
             sweep_not_before: std::sync::atomic::AtomicI64::new(0),
+            last_token: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -268,7 +271,14 @@ impl Scheduler {
             return Ok(false);
         };
         let now = self.clock.now_millis();
-        if self.coord_failed.swap(false, Ordering::Relaxed) {
+        // A node that led before and now holds a *new* term without having
+        // let go lost its lease without a failed call: Redis was restarted
+        // (or lost the key) between two renewals, and its worker registry
+        // may be empty until the live workers' next heartbeats. Both cases
+        // wait the same grace before sweeping.
+        let previous = self.last_token.swap(lease.token, Ordering::Relaxed);
+        let new_term_of_ours = previous != 0 && previous != lease.token;
+        if self.coord_failed.swap(false, Ordering::Relaxed) || new_term_of_ours {
             let grace = self.opts.registry_grace.as_millis() as i64;
             self.sweep_not_before.store(now + grace, Ordering::Relaxed);
         }
