@@ -1,6 +1,7 @@
 //! The scheduler on a fake clock (no real waiting): misfire policies after
 //! an hour of downtime, overlap policies, fixed delay, timeouts with retry,
-//! stale reports, and retries held by an open circuit breaker. Each test
+//! stale reports, retries held by an open circuit breaker, and the orphan
+//! sweep's registry grace after a lost lease term. Each test
 //! drives `Scheduler::round` against a real SQLite store.
 
 use std::sync::Arc;
@@ -45,6 +46,7 @@ struct Fixture {
     scheduler: Scheduler,
     reaped: mpsc::Receiver<Reaped>,
     breakers: Breakers,
+    coord: Arc<LocalCoordinator>,
 }
 
 async fn fixture() -> Fixture {
@@ -66,7 +68,7 @@ async fn fixture() -> Fixture {
     let scheduler = Scheduler::build(
         SchedulerOptions::default(),
         store.clone(),
-        coord,
+        coord.clone(),
         Arc::new(clock.clone()),
         breakers.clone(),
         tx,
@@ -78,6 +80,7 @@ async fn fixture() -> Fixture {
         scheduler,
         reaped,
         breakers,
+        coord,
     }
 }
 
@@ -588,5 +591,53 @@ async fn the_leader_takes_back_attempts_of_a_worker_gone_from_the_registry() {
     assert_eq!(
         back.attempts[0].outcome,
         Some(taskmesh_core::AttemptOutcome::WorkerLost)
+    );
+}
+
+/// Redis restarted empty between two renewals: the leader's lease key and
+/// the worker registry are gone, yet no call failed. The node leads again
+/// in a new term; its orphan sweep must not take the registry's emptiness
+/// for dead workers until live ones had `registry_grace` to heartbeat back —
+/// and must still take back the attempts of a worker that never returns.
+#[tokio::test]
+async fn a_new_term_of_a_former_leader_waits_the_registry_grace_before_sweeping() {
+    let f = fixture().await;
+    let t = submit(&f, 10 * MIN).await;
+    let exec = f.start(&t.id).await;
+    f.round_at(T0 + 5 * SEC).await;
+    assert_eq!(f.task(&t.id).await.state, TaskState::Running);
+
+    // What a Redis restart loses: the lease key and the registry entry.
+    f.coord.remove_worker("session-w").await.unwrap();
+    f.coord.resign().await.unwrap();
+
+    // Rounds every 3 s (renewing the new term) through the grace (15 s from
+    // the new term at T0+11s): a sweep is due every 5 s, none may run.
+    for at in [11, 14, 17, 20, 23] {
+        f.round_at(T0 + at * SEC).await;
+        assert_eq!(
+            f.task(&t.id).await.state,
+            TaskState::Running,
+            "at T0+{at}s, inside the registry grace, the attempt of a worker missing \
+             from a registry that may be refilling was taken back"
+        );
+    }
+    // Past the grace the worker still has not come back: it is gone.
+    f.round_at(T0 + 26 * SEC).await;
+    f.round_at(T0 + 29 * SEC).await;
+    let task = f.task(&t.id).await;
+    assert_ne!(
+        task.state,
+        TaskState::Running,
+        "a worker gone for good is swept after the grace"
+    );
+    let attempt = task
+        .attempts
+        .iter()
+        .find(|a| a.execution_id == exec)
+        .expect("the first attempt");
+    assert!(
+        format!("{:?}", attempt).contains("WorkerLost"),
+        "the attempt ended WORKER_LOST: {attempt:?}"
     );
 }
