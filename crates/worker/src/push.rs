@@ -327,15 +327,22 @@ pub(crate) async fn run(
     Ok(())
 }
 
+/// How many refreshes in a row may fail at the server holding our session
+/// before the worker moves to the next one.
+const REFRESH_TRIES_BEFORE_FAILOVER: u32 = 2;
+
 /// Registers with the first server that answers, then refreshes there every
-/// heartbeat interval, moving to the next server when one fails; returns on
-/// shutdown.
+/// heartbeat interval, moving to the next server when a first registration
+/// fails or [`REFRESH_TRIES_BEFORE_FAILOVER`] refreshes fail in a row;
+/// returns on shutdown.
 async fn register_loop(push: &Arc<Push>, shutdown: &CancellationToken) {
     let shared = &push.shared;
     let worker_id = shared.opts.worker_id.as_str();
     let servers = &shared.opts.servers;
     let mut backoff = Backoff::new(shared.opts.reconnect_initial, shared.opts.reconnect_max);
     let mut index = 0usize;
+    // Refreshes of a session that failed in a row at its server.
+    let mut failed_here = 0u32;
     loop {
         if shutdown.is_cancelled() {
             return;
@@ -344,6 +351,7 @@ async fn register_loop(push: &Arc<Push>, shutdown: &CancellationToken) {
         let wait = match push.register(server).await {
             Ok(registered) => {
                 backoff.reset();
+                failed_here = 0;
                 let session_id = registered.session_id.clone();
                 let is_new = lock(&push.sessions)
                     .insert(session_id.clone(), server.to_string())
@@ -372,9 +380,20 @@ async fn register_loop(push: &Arc<Push>, shutdown: &CancellationToken) {
                 heartbeat
             }
             Err(error) => {
-                warn!(worker_id, server, %error, "push registration failed; trying the next server");
-                shared.state.connected.send_replace(false);
-                index = index.wrapping_add(1);
+                // A refresh of a session held there is tried again before
+                // moving on (one shed or lost call must not cost the session
+                // and everything it runs: the server keeps it for three
+                // heartbeat intervals); a first registration moves at once.
+                failed_here += 1;
+                let holds_session = lock(&push.granted).contains_key(server);
+                if holds_session && failed_here < REFRESH_TRIES_BEFORE_FAILOVER {
+                    warn!(worker_id, server, %error, "push refresh failed; trying this server again");
+                } else {
+                    warn!(worker_id, server, %error, "push registration failed; trying the next server");
+                    shared.state.connected.send_replace(false);
+                    index = index.wrapping_add(1);
+                    failed_here = 0;
+                }
                 backoff.next_delay()
             }
         };

@@ -358,3 +358,62 @@ async fn invalid_options_fail_fast() {
     let err = worker.run(CancellationToken::new()).await.unwrap_err();
     assert!(matches!(err, Error::InvalidOptions(_)), "{err}");
 }
+
+/// A push worker on servers [A, B] whose refreshes at A fail as scripted.
+async fn push_worker_against(a: &Server, b: &Server) -> Running {
+    let mut opts = options(vec![a.addr.clone(), b.addr.clone()], 2);
+    opts.push_listen = Some("127.0.0.1:0".parse().unwrap());
+    start(with_builtins(opts))
+}
+
+/// Waits until `server` has seen `n` push registrations.
+async fn wait_push_calls(server: &Server, n: usize) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while server.push_calls().len() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} push registrations at {} after {WAIT:?}, want {n}",
+            server.push_calls().len(),
+            server.addr
+        );
+        // Polling a condition with a deadline.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn one_failed_push_refresh_is_tried_again_at_the_same_server() {
+    // Call 1 registers, call 2 (the first refresh) fails, the rest succeed.
+    let a = Server::start_push(Duration::from_millis(50), &[2]).await;
+    let b = Server::start_push(Duration::from_millis(50), &[]).await;
+    let w = push_worker_against(&a, &b).await;
+    wait_push_calls(&a, 5).await;
+    let calls = a.push_calls();
+    assert_eq!(calls[0], "", "a first registration names no session");
+    assert!(
+        calls[1..].iter().all(|s| s == "push-session"),
+        "every refresh, the retry included, names the granted session: {calls:?}"
+    );
+    assert!(
+        b.push_calls().is_empty(),
+        "one failed refresh moved the worker to B: {:?}",
+        b.push_calls()
+    );
+    assert_eq!(w.handle.sessions(), 1, "the session was kept");
+    w.stop().await;
+}
+
+#[tokio::test]
+async fn push_refreshes_failing_twice_in_a_row_move_to_the_next_server() {
+    let a = Server::start_push(Duration::from_millis(50), &[2, 3]).await;
+    let b = Server::start_push(Duration::from_millis(50), &[]).await;
+    let w = push_worker_against(&a, &b).await;
+    wait_push_calls(&b, 1).await;
+    assert_eq!(
+        a.push_calls().len(),
+        3,
+        "A: the registration and two failed refreshes"
+    );
+    assert_eq!(b.push_calls()[0], "", "at B the worker registers afresh");
+    w.stop().await;
+}

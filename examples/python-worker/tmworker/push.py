@@ -29,6 +29,7 @@ from .stubs import dispatcher_pb2_grpc, pb, worker_pb2, worker_pb2_grpc
 from .worker import DEFAULT_HEARTBEAT, RECONNECT_INITIAL, RECONNECT_MAX, Worker
 
 CALL_TIMEOUT = 5.0
+REFRESH_TRIES_BEFORE_FAILOVER = 2
 REPORT_ATTEMPTS = 5
 
 log = logging.getLogger("py-worker")
@@ -157,11 +158,13 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
               advertise=self.advertise)
         backoff = RECONNECT_INITIAL
         interval = DEFAULT_HEARTBEAT
+        failed_here = 0  # refreshes failed in a row at the current server
         while not self.stopping.is_set():
             server = self.servers[self.server_index % len(self.servers)]
             try:
                 interval = self.register(server)
                 backoff = RECONNECT_INITIAL
+                failed_here = 0
                 wait = interval
             except grpc.RpcError as err:
                 code = err.code()
@@ -171,8 +174,15 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
                     self.fatal = f"registration refused: {err.details()}"
                     break
                 with self._lock:
-                    self.server_index += 1  # fail over to the next server
-                    self.session_id = None
+                    failed_here += 1
+                    holds = self.granted_by.get(self.session_id or "") == server
+                    # A refresh of our session is tried once more before
+                    # moving on (the server keeps it for three intervals);
+                    # a first registration moves at once.
+                    if not holds or failed_here >= REFRESH_TRIES_BEFORE_FAILOVER:
+                        self.server_index += 1  # fail over to the next server
+                        self.session_id = None
+                        failed_here = 0
                 wait = backoff * random.uniform(0.5, 1.0)
                 backoff = min(backoff * 2, RECONNECT_MAX)
             if self.stopping.wait(wait):

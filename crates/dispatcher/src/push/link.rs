@@ -249,11 +249,11 @@ impl Execute {
                 {
                     debug!(task_id = %task_id, error = %err, "failed push already ended");
                 }
-                if !matches!(status.code(), tonic::Code::Unavailable) {
-                    // It may have arrived after all (a timeout): tell the
-                    // worker not to run it.
-                    shared.send_cancel(tx, &task_id, &execution_id, "push failed");
-                }
+                // It may have arrived after all (a timeout, or a connection
+                // that broke after the request went out, which is also
+                // UNAVAILABLE): tell the worker not to run it. Best effort;
+                // an unreachable worker does not get it either way.
+                shared.send_cancel(tx, &task_id, &execution_id, "push failed");
             }
         }
     }

@@ -1,9 +1,12 @@
 //! A scripted `Dispatcher` server for the worker tests: it answers
-//! `register` with `registered` and hands every stream to the test.
+//! `register` with `registered` and hands every stream to the test; push
+//! registrations are answered with one session, except the calls the test
+//! scripted to fail, and recorded.
 
 #![allow(dead_code)]
 
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -28,6 +31,16 @@ pub struct Server {
     pub addr: String,
     conns: mpsc::UnboundedReceiver<Conn>,
     task: JoinHandle<()>,
+    push: Arc<PushScript>,
+}
+
+/// How the server answers `RegisterPushWorker`.
+#[derive(Default)]
+struct PushScript {
+    /// 1-based numbers of the calls answered UNAVAILABLE.
+    fail: Vec<usize>,
+    /// The session id each call carried, in order.
+    calls: Mutex<Vec<String>>,
 }
 
 impl Drop for Server {
@@ -39,12 +52,24 @@ impl Drop for Server {
 impl Server {
     /// Starts a server telling workers to heartbeat every `heartbeat`.
     pub async fn start(heartbeat: Duration) -> Server {
+        Self::start_push(heartbeat, &[]).await
+    }
+
+    /// Starts a server that also answers push registrations (session
+    /// `push-session`), failing the calls numbered in `fail` (1-based) with
+    /// UNAVAILABLE.
+    pub async fn start_push(heartbeat: Duration, fail: &[usize]) -> Server {
+        let push = Arc::new(PushScript {
+            fail: fail.to_vec(),
+            calls: Mutex::default(),
+        });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = format!("http://{}", listener.local_addr().unwrap());
         let (conns_tx, conns) = mpsc::unbounded_channel();
         let svc = Svc {
             heartbeat,
             conns: conns_tx,
+            push: push.clone(),
         };
         let task = tokio::spawn(async move {
             tonic::transport::Server::builder()
@@ -53,7 +78,17 @@ impl Server {
                 .await
                 .unwrap();
         });
-        Server { addr, conns, task }
+        Server {
+            addr,
+            conns,
+            task,
+            push,
+        }
+    }
+
+    /// The session id each push registration carried ("" = a first one).
+    pub fn push_calls(&self) -> Vec<String> {
+        self.push.calls.lock().unwrap().clone()
     }
 
     /// The next worker stream (after its first message arrived).
@@ -76,6 +111,7 @@ pub async fn dead_addr() -> String {
 struct Svc {
     heartbeat: Duration,
     conns: mpsc::UnboundedSender<Conn>,
+    push: Arc<PushScript>,
 }
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<ConnectResponse, Status>> + Send>>;
@@ -85,12 +121,27 @@ impl Dispatcher for Svc {
     type ConnectStream = ResponseStream;
 
     // Push mode is tested end to end against the real server (tests/push.rs);
-    // this scripted server speaks the stream only.
+    // this scripted server only answers registrations, for the SDK's
+    // registration loop.
     async fn register_push_worker(
         &self,
-        _: Request<taskmesh::v1::RegisterPushWorkerRequest>,
+        request: Request<taskmesh::v1::RegisterPushWorkerRequest>,
     ) -> Result<Response<taskmesh::v1::RegisterPushWorkerResponse>, Status> {
-        Err(Status::unimplemented("stream only"))
+        let n = {
+            let mut calls = self.push.calls.lock().unwrap();
+            calls.push(request.into_inner().session_id);
+            calls.len()
+        };
+        if self.push.fail.contains(&n) {
+            return Err(Status::unavailable(format!("scripted failure of call {n}")));
+        }
+        Ok(Response::new(taskmesh::v1::RegisterPushWorkerResponse {
+            registered: Some(WorkerRegistered {
+                session_id: "push-session".into(),
+                heartbeat_interval: Some(self.heartbeat.try_into().unwrap()),
+                ack_timeout: Some(Duration::from_secs(10).try_into().unwrap()),
+            }),
+        }))
     }
 
     async fn report_result(
