@@ -48,10 +48,11 @@ impl Batcher {
                         }
                     }
                     Err(err) => {
+                        // Every caller gets the batch's error with its kind,
+                        // so only a transient one is retried.
                         warn!(error = %err, batch = jobs.len(), "batched write failed");
-                        let msg = err.to_string();
                         for job in jobs.drain(..) {
-                            let _ = job.reply.send(Err(Error::Unavailable(msg.clone())));
+                            let _ = job.reply.send(Err(err.duplicate()));
                         }
                     }
                 }

@@ -461,14 +461,17 @@ pub(crate) async fn record_complete(
     let (task_id, execution_id) = (done.task_id, done.execution_id);
     Box::pin(async move {
         let mut result = pending.await;
-        // The store is unreachable (its write failed as a whole): the worker
-        // has run the task and will not report it again, so the result is
-        // written again until the store answers, as long as this session
-        // holds the attempt (its slot stays taken meanwhile). Refusing it
+        // The store is unreachable, or a concurrent transaction won (the
+        // write failed as a whole, nothing written): the worker has run the
+        // task and will not report it again, so the result is written again
+        // until the store takes it, as long as this session holds the
+        // attempt (its slot stays taken meanwhile). Other errors are final. Refusing it
         // instead would leave the task RUNNING until its execution deadline,
         // then run it a second time.
         let mut backoff = RESULT_RETRY_FIRST;
-        while matches!(result, Err(taskmesh_store::Error::Unavailable(_)))
+        while result
+            .as_ref()
+            .is_err_and(taskmesh_store::Error::is_transient)
             && shared.registry.holds(&session_id, &execution_id)
         {
             if backoff == RESULT_RETRY_FIRST

@@ -36,6 +36,27 @@ pub enum Error {
 }
 
 impl Error {
+    /// The same error again (kind and message), for answering every
+    /// caller of a batch that failed as a whole.
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::NotFound(m) => Error::NotFound(m.clone()),
+            Error::AlreadyExists(m) => Error::AlreadyExists(m.clone()),
+            Error::Transition(t) => Error::Transition(t.clone()),
+            Error::Fenced(m) => Error::Fenced(m.clone()),
+            Error::Conflict(m) => Error::Conflict(m.clone()),
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::Unavailable(m) => Error::Unavailable(m.clone()),
+            Error::Internal(m) => Error::Internal(m.clone()),
+        }
+    }
+
+    /// True when nothing was written and the same write may succeed later:
+    /// the store was unreachable or a concurrent transaction won.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Unavailable(_) | Error::Conflict(_))
+    }
+
     /// The transport-independent code of this error.
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -154,5 +175,25 @@ mod tests {
             Error::InvalidArgument("x".into()).code(),
             ErrorCode::InvalidArgument
         );
+    }
+
+    #[test]
+    fn a_duplicate_keeps_kind_and_message_and_only_nothing_written_errors_are_transient() {
+        let all = [
+            Error::NotFound("a".into()),
+            Error::AlreadyExists("b".into()),
+            Error::Fenced("c".into()),
+            Error::Conflict("d".into()),
+            Error::InvalidArgument("e".into()),
+            Error::Unavailable("f".into()),
+            Error::Internal("g".into()),
+        ];
+        for err in &all {
+            let copy = err.duplicate();
+            assert_eq!(copy.code(), err.code(), "{err}");
+            assert_eq!(copy.to_string(), err.to_string());
+        }
+        let transient: Vec<bool> = all.iter().map(Error::is_transient).collect();
+        assert_eq!(transient, [false, false, false, true, false, true, false]);
     }
 }
