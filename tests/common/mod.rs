@@ -145,12 +145,26 @@ pub fn counting_worker(
     concurrency: u32,
     ledger: Ledger,
 ) -> TestWorker {
+    counting_worker_with(addrs, id, concurrency, ledger, false)
+}
+
+/// [`counting_worker`], on a stream or (`push`) in push mode on a free port.
+fn counting_worker_with(
+    addrs: &[SocketAddr],
+    id: &str,
+    concurrency: u32,
+    ledger: Ledger,
+    push: bool,
+) -> TestWorker {
     let mut opts = WorkerOptions::new(addrs.iter().map(|a| format!("http://{a}")).collect());
     opts.worker_id = id.into();
     opts.name = id.into();
     opts.concurrency = concurrency;
     opts.reconnect_initial = Duration::from_millis(50);
     opts.reconnect_max = Duration::from_millis(500);
+    if push {
+        opts.push_listen = Some(([127, 0, 0, 1], 0).into());
+    }
     let echo = handler_fn(move |ctx: TaskContext| {
         let ledger = ledger.clone();
         async move {
@@ -433,31 +447,5 @@ pub fn counting_push_worker(
     concurrency: u32,
     ledger: Ledger,
 ) -> TestWorker {
-    let mut opts = WorkerOptions::new(addrs.iter().map(|a| format!("http://{a}")).collect());
-    opts.worker_id = id.into();
-    opts.name = id.into();
-    opts.concurrency = concurrency;
-    opts.reconnect_initial = Duration::from_millis(50);
-    opts.reconnect_max = Duration::from_millis(500);
-    opts.push_listen = Some(([127, 0, 0, 1], 0).into());
-    let echo = handler_fn(move |ctx: TaskContext| {
-        let ledger = ledger.clone();
-        async move {
-            ledger.record(&ctx.task_id);
-            Ok::<_, HandlerError>(Output::new(ctx.payload.clone(), ctx.content_type.clone()))
-        }
-    });
-    let mut worker = Worker::new(opts).handler("echo", echo);
-    worker.add_handler("sleep", taskmesh_worker::builtin("sleep").unwrap());
-    let handle = worker.handle();
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let join = tokio::spawn(async move {
-        let _ = worker.run(token).await;
-    });
-    TestWorker {
-        handle,
-        shutdown,
-        join,
-    }
+    counting_worker_with(addrs, id, concurrency, ledger, true)
 }

@@ -35,27 +35,31 @@ impl Batcher {
         let (tx, mut rx) = mpsc::channel::<Job>(max_batch * 4);
         tokio::spawn(async move {
             let mut jobs = Vec::with_capacity(max_batch);
+            let mut events: Vec<(String, Event)> = Vec::with_capacity(max_batch);
+            let mut replies = Vec::with_capacity(max_batch);
             while rx.recv_many(&mut jobs, max_batch).await > 0 {
-                let events: Vec<(String, Event)> = jobs
-                    .iter()
-                    .map(|j| (j.task_id.clone(), j.event.clone()))
-                    .collect();
+                // Moved, not cloned: an event may carry a result's output.
+                for job in jobs.drain(..) {
+                    events.push((job.task_id, job.event));
+                    replies.push(job.reply);
+                }
                 let now = clock.now_millis();
                 match store.transition_many(&events, now, None).await {
                     Ok(results) => {
-                        for (job, result) in jobs.drain(..).zip(results) {
-                            let _ = job.reply.send(result);
+                        for (reply, result) in replies.drain(..).zip(results) {
+                            let _ = reply.send(result);
                         }
                     }
                     Err(err) => {
                         // Every caller gets the batch's error with its kind,
                         // so only a transient one is retried.
-                        warn!(error = %err, batch = jobs.len(), "batched write failed");
-                        for job in jobs.drain(..) {
-                            let _ = job.reply.send(Err(err.duplicate()));
+                        warn!(error = %err, batch = events.len(), "batched write failed");
+                        for reply in replies.drain(..) {
+                            let _ = reply.send(Err(err.duplicate()));
                         }
                     }
                 }
+                events.clear();
             }
         });
         Self { tx }

@@ -22,8 +22,8 @@ use std::time::Duration;
 use taskmesh::v1::dispatcher_client::DispatcherClient;
 use taskmesh::v1::worker_server::WorkerServer;
 use taskmesh::v1::{
-    DeregisterPushWorkerRequest, Payload, RegisterPushWorkerRequest, ReportResultRequest,
-    TaskComplete, TaskFailure, TaskSuccess, WorkerRegistered, task_complete,
+    DeregisterPushWorkerRequest, RegisterPushWorkerRequest, ReportResultRequest, TaskComplete,
+    WorkerRegistered,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -132,18 +132,7 @@ impl Push {
             );
             return;
         };
-        let result = match done.result {
-            Ok(output) => task_complete::Result::Success(TaskSuccess {
-                output: Some(Payload {
-                    data: output.data,
-                    content_type: output.content_type,
-                }),
-            }),
-            Err(error) => task_complete::Result::Failure(TaskFailure {
-                message: error.message,
-                retryable: error.retryable,
-            }),
-        };
+        let result = crate::wire::complete_result(done.result);
         let req = ReportResultRequest {
             session_id: session_id.clone(),
             complete: Some(TaskComplete {

@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use taskmesh::v1::dispatcher_client::DispatcherClient;
 use taskmesh::v1::{
-    ConnectRequest, ConnectResponse, Payload, RejectReason, TaskAck, TaskAssignment, TaskCancel,
-    TaskComplete, TaskFailure, TaskReject, TaskSuccess, WorkerDraining, WorkerHeartbeat,
-    connect_request, connect_response, task_complete,
+    ConnectRequest, ConnectResponse, RejectReason, TaskAck, TaskAssignment, TaskCancel,
+    TaskComplete, TaskReject, WorkerDraining, WorkerHeartbeat, connect_request, connect_response,
 };
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -341,18 +340,7 @@ impl Session<'_> {
 
     async fn on_done(&mut self, done: Done) -> Result<(), Error> {
         self.inflight.remove(&done.execution_id);
-        let result = match done.result {
-            Ok(output) => task_complete::Result::Success(TaskSuccess {
-                output: Some(Payload {
-                    data: output.data,
-                    content_type: output.content_type,
-                }),
-            }),
-            Err(error) => task_complete::Result::Failure(TaskFailure {
-                message: error.message,
-                retryable: error.retryable,
-            }),
-        };
+        let result = crate::wire::complete_result(done.result);
         debug!(
             worker_id = self.worker_id(),
             task_id = done.task_id,

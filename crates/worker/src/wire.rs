@@ -3,15 +3,32 @@
 use std::time::{Duration, SystemTime};
 
 use taskmesh::v1::{
-    ConnectRequest, ResultRecorded, TaskAssignment, WorkerRegistration, connect_request,
-    connect_response,
+    ConnectRequest, Payload, ResultRecorded, TaskAssignment, TaskFailure, TaskSuccess,
+    WorkerRegistration, connect_request, connect_response, task_complete,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::worker::Shared;
-use crate::{Error, TaskContext};
+use crate::{Error, HandlerError, Output, TaskContext};
+
+/// A handler's outcome as the contract's `TaskComplete.result`, the same on
+/// the stream and in push mode.
+pub(crate) fn complete_result(outcome: Result<Output, HandlerError>) -> task_complete::Result {
+    match outcome {
+        Ok(output) => task_complete::Result::Success(TaskSuccess {
+            output: Some(Payload {
+                data: output.data,
+                content_type: output.content_type,
+            }),
+        }),
+        Err(error) => task_complete::Result::Failure(TaskFailure {
+            message: error.message,
+            retryable: error.retryable,
+        }),
+    }
+}
 
 pub(crate) async fn send(
     tx: &mpsc::Sender<ConnectRequest>,

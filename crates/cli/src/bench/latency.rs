@@ -13,8 +13,7 @@
 //! result committed.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -70,31 +69,13 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
     let mut rig = Rig::start(args).await?;
     rig.start_workers(args).await?;
     let recorder = Recorder::start(rig.node.store.clone(), true);
-    let addr = rig.node.grpc_addr;
     let result = async {
         let mark = rig.cpu_mark();
-        let submitted = Arc::new(AtomicBool::new(false));
-        let done = submitted.clone();
-        let generator = load::on_generator_thread(move || async move {
-            let api = load::client(addr).await?;
-            let result = open_loop(&api, tasks, rate).await;
-            done.store(true, Ordering::Release);
-            result
-        });
-        let drained = {
-            let (rig, recorder, submitted) = (&rig, &recorder, &submitted);
-            async move {
-                load::wait_drained(
-                    rig,
-                    recorder,
-                    tasks as u64,
-                    Duration::from_secs(60),
-                    submitted,
-                )
-                .await
-            }
-        };
-        let ((submitted, generator_cpu), _) = tokio::try_join!(generator, drained)?;
+        let (submitted, generator_cpu) =
+            load::submit_while_draining(&rig, &recorder, tasks as u64, move |api| async move {
+                open_loop(&api, tasks, rate).await
+            })
+            .await?;
         let cpu = rig.cpu_since(&mark, generator_cpu, tasks as u64);
         Ok::<_, anyhow::Error>((submitted, cpu))
     }

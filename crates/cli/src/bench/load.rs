@@ -529,6 +529,34 @@ where
     rx.await.context("the load generator thread died")?
 }
 
+/// Submits with `submit` (on the generator thread, with its own client of
+/// the node) while waiting for `expected` tasks to drain; the store is asked
+/// whether the drain is over only once `submit` has returned. Returns what
+/// `submit` returned and the generator thread's CPU time.
+pub async fn submit_while_draining<F, Fut, T>(
+    rig: &Rig,
+    recorder: &Recorder,
+    expected: u64,
+    submit: F,
+) -> anyhow::Result<(T, Duration)>
+where
+    F: FnOnce(pb::task_api_client::TaskApiClient<Channel>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+    T: Send + 'static,
+{
+    let addr = rig.node.grpc_addr;
+    let submitted = Arc::new(AtomicBool::new(false));
+    let done = submitted.clone();
+    let generator = on_generator_thread(move || async move {
+        let result = submit(client(addr).await?).await;
+        done.store(true, Ordering::Release);
+        result
+    });
+    let drained = wait_drained(rig, recorder, expected, Duration::from_secs(60), &submitted);
+    let (out, _) = tokio::try_join!(generator, drained)?;
+    Ok(out)
+}
+
 /// A connected TaskApi client on the current runtime.
 pub async fn client(
     addr: std::net::SocketAddr,

@@ -95,31 +95,18 @@ pub async fn run(args: &LoadArgs, tasks: usize) -> anyhow::Result<ThroughputRepo
                 let mark = rig.cpu_mark();
                 let rate = args.rate;
                 let started = Instant::now();
-                let submitted = Arc::new(AtomicBool::new(false));
-                let done = submitted.clone();
-                let generator = load::on_generator_thread(move || async move {
-                    let api = load::client(addr).await?;
-                    let result = match rate {
-                        None => load::submit_all(&api, tasks, batch, 4).await,
-                        Some(rate) => paced(&api, tasks, batch, rate).await,
-                    };
-                    done.store(true, Ordering::Release);
-                    result
-                });
-                let drained = {
-                    let (rig, recorder, submitted) = (&rig, &recorder, &submitted);
-                    async move {
-                        load::wait_drained(
-                            rig,
-                            recorder,
-                            tasks as u64,
-                            Duration::from_secs(60),
-                            submitted,
-                        )
-                        .await
-                    }
-                };
-                let ((ids, generator_cpu), _) = tokio::try_join!(generator, drained)?;
+                let (ids, generator_cpu) = load::submit_while_draining(
+                    &rig,
+                    &recorder,
+                    tasks as u64,
+                    move |api| async move {
+                        match rate {
+                            None => load::submit_all(&api, tasks, batch, 4).await,
+                            Some(rate) => paced(&api, tasks, batch, rate).await,
+                        }
+                    },
+                )
+                .await?;
                 let submit_per_s = ids.len() as f64 / started.elapsed().as_secs_f64();
                 (
                     submit_per_s,
