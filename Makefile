@@ -17,7 +17,7 @@ build: ## Build the taskmesh binary (debug)
 
 test: services fmt-check lint build proto-python buf unit polyglot schemathesis ## Everything CI checks
 
-services: ## Make sure the machine's Postgres and Redis answer (start them if not)
+services: ## Make sure the machine's Postgres, MariaDB and Redis answer (start them if not)
 	bash scripts/ensure-services.sh
 
 fmt: ## Format the code

@@ -1,5 +1,5 @@
-//! Rows → domain records, shared by the SQL backends so SQLite and Postgres
-//! can never read a column differently.
+//! Rows → domain records, shared by the SQL backends so no two of them can
+//! ever read a column differently.
 //!
 //! Each backend exposes its rows through [`Columns`] (one typed getter per
 //! column kind); the decoders here do the rest: enum parsing, JSON, range
@@ -23,7 +23,7 @@ use crate::{Error, Result};
 /// Typed access to the columns of one row, by name. `labels` and `template`
 /// are read as JSON text whatever the column type (Postgres selects them
 /// with `::text`).
-pub(crate) trait Columns {
+pub trait Columns {
     fn text(&self, col: &str) -> Result<String, String>;
     fn opt_text(&self, col: &str) -> Result<Option<String>, String>;
     fn int(&self, col: &str) -> Result<i64, String>;
@@ -32,7 +32,8 @@ pub(crate) trait Columns {
     fn float(&self, col: &str) -> Result<f64, String>;
     fn bytes(&self, col: &str) -> Result<Vec<u8>, String>;
     fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, String>;
-    /// A boolean: an INTEGER 0/1 on SQLite, a BOOLEAN on Postgres.
+    /// A boolean: an INTEGER 0/1 on SQLite, a BOOLEAN on Postgres and
+    /// MySQL.
     fn flag(&self, col: &str) -> Result<bool, String>;
 }
 
@@ -78,6 +79,10 @@ impl_columns!(sqlx::sqlite::SqliteRow, |r, c| {
         .map_err(|e| e.to_string())
 });
 impl_columns!(sqlx::postgres::PgRow, |r, c| sqlx::Row::try_get::<bool, _>(
+    r, c
+)
+.map_err(|e| e.to_string()));
+impl_columns!(sqlx::mysql::MySqlRow, |r, c| sqlx::Row::try_get::<bool, _>(
     r, c
 )
 .map_err(|e| e.to_string()));

@@ -1,5 +1,6 @@
-//! The store's one error type, and the one place sqlx errors are converted,
-//! keyed by SQLite result codes and Postgres SQLSTATEs.
+//! The store's one error type, and the one place sqlx errors are converted:
+//! driver-level failures here, database errors by the error-code table of
+//! the backend that raised them.
 
 use taskmesh_core::{ErrorCode, TransitionError};
 
@@ -82,8 +83,19 @@ pub(crate) enum Kind {
     Internal,
 }
 
-/// Classifies a sqlx error by its variant and, for database errors, by the
-/// SQLite result code or Postgres SQLSTATE.
+impl Kind {
+    /// True for a statement the database refused because of one of its
+    /// rows (a constraint, bad data): written again row by row, only that
+    /// row fails. A lost connection or a conflict would fail the same way.
+    pub(crate) fn is_row_refusal(self) -> bool {
+        matches!(self, Kind::Internal | Kind::AlreadyExists)
+    }
+}
+
+/// Classifies a sqlx error: by its variant for what every driver shares
+/// (pool, I/O, TLS), and for a database error by the table of the backend
+/// that raised it (`sqlite::error_kind`, `postgres::error_kind`,
+/// `mysql::error_kind`).
 pub(crate) fn kind(err: &sqlx::Error) -> Kind {
     match err {
         sqlx::Error::PoolTimedOut
@@ -92,24 +104,17 @@ pub(crate) fn kind(err: &sqlx::Error) -> Kind {
         | sqlx::Error::Tls(_)
         | sqlx::Error::WorkerCrashed => Kind::Unavailable,
         sqlx::Error::Configuration(_) => Kind::InvalidArgument,
-        sqlx::Error::Database(db) => match db.code().as_deref() {
-            // SQLite: SQLITE_BUSY (5), SQLITE_LOCKED (6), SQLITE_FULL (13),
-            // SQLITE_CANTOPEN (14) and their extended codes.
-            Some("5" | "6" | "13" | "14" | "517" | "261" | "262") => Kind::Unavailable,
-            // Postgres: class 08 (connection exception), 57P01..03 (admin
-            // shutdown, crash shutdown, cannot connect now), class 53
-            // (insufficient resources: disk full, too many connections).
-            Some(code)
-                if code.starts_with("08") || code.starts_with("57P") || code.starts_with("53") =>
-            {
-                Kind::Unavailable
+        sqlx::Error::Database(db) => {
+            if let Some(e) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
+                crate::sqlite::error_kind(e)
+            } else if let Some(e) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                crate::postgres::error_kind(e.code())
+            } else if let Some(e) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                crate::mysql::error_kind(e.number())
+            } else {
+                Kind::Internal
             }
-            // Postgres: serialization failure, deadlock detected. The whole
-            // transaction was rolled back; trying again may succeed.
-            Some("40001" | "40P01") => Kind::Conflict,
-            _ if is_unique_violation(err) => Kind::AlreadyExists,
-            _ => Kind::Internal,
-        },
+        }
         _ => Kind::Internal,
     }
 }
@@ -119,14 +124,14 @@ impl From<sqlx::Error> for Error {
         match kind(&err) {
             Kind::Unavailable => Error::Unavailable(err.to_string()),
             Kind::Conflict => {
-                let (code, message) = match &err {
-                    sqlx::Error::Database(db) => (
-                        db.code().map(|c| c.to_string()).unwrap_or_default(),
-                        db.message().to_string(),
-                    ),
-                    _ => (String::new(), err.to_string()),
+                let message = match &err {
+                    sqlx::Error::Database(db) => {
+                        let code = db.code().map(|c| c.to_string()).unwrap_or_default();
+                        format!("(code {code}: {})", db.message())
+                    }
+                    _ => err.to_string(),
                 };
-                Error::Conflict(format!("the data (SQLSTATE {code}: {message})"))
+                Error::Conflict(format!("the data {message}"))
             }
             Kind::AlreadyExists => Error::AlreadyExists(err.to_string()),
             Kind::InvalidArgument => Error::InvalidArgument(err.to_string()),
@@ -144,17 +149,10 @@ impl From<sqlx::migrate::MigrateError> for Error {
     }
 }
 
-/// True when `err` is a unique-constraint violation (SQLite extended codes
-/// 2067 SQLITE_CONSTRAINT_UNIQUE and 1555 SQLITE_CONSTRAINT_PRIMARYKEY,
-/// Postgres 23505), e.g. two creates racing for one `client_request_id`.
+/// True when `err` is a unique-constraint violation (a racing create of one
+/// `client_request_id`, a taken id), by the raising backend's table.
 pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
-    match err {
-        sqlx::Error::Database(db) => {
-            db.is_unique_violation()
-                || matches!(db.code().as_deref(), Some("2067" | "1555" | "23505"))
-        }
-        _ => false,
-    }
+    kind(err) == Kind::AlreadyExists
 }
 
 #[cfg(test)]

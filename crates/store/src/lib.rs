@@ -1,5 +1,11 @@
 //! Durable state of taskmesh: the [`Store`] trait and its SQL backends,
-//! SQLite (one node) and Postgres (a cluster of replicas).
+//! SQLite (one node), Postgres and MySQL/MariaDB (a cluster of replicas).
+//!
+//! The store's algorithms are written once, in [`sql`], over the
+//! [`sql::Backend`] seam; each backend module (`sqlite`, `postgres`,
+//! `mysql`) supplies only what truly differs: its SQL dialect, its bulk
+//! write form, its locking, the database clock, its wake-up transport and
+//! its error-code table.
 //!
 //! Architecture invariant: every change of a task is computed by
 //! `taskmesh_core::apply` and written as one conditional statement keyed on
@@ -15,200 +21,35 @@ pub mod conformance;
 mod decode;
 mod error;
 pub mod metered;
+pub mod mysql;
 pub mod postgres;
+pub mod sql;
 pub mod sqlite;
+mod types;
+pub mod urls;
+mod wake;
 
 use async_trait::async_trait;
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
 use taskmesh_core::{
-    CallbackJob, CallbackOutcome, Clock, Event, NewTask, SystemClock, TaskRecord, TaskState,
-    UnixMillis,
+    CallbackJob, CallbackOutcome, Clock, Event, NewTask, SystemClock, TaskRecord, UnixMillis,
 };
 use tokio::sync::broadcast;
 
 pub use clock::StoreClock;
 pub use error::Error;
 pub use metered::Metered;
+pub use mysql::{MysqlOptions, MysqlStore};
 pub use postgres::{PostgresOptions, PostgresStore};
 pub use sqlite::{SqliteOptions, SqliteStore};
+pub(crate) use types::existing_or_taken;
+pub use types::{
+    Chooser, Claim, Created, FireCommit, FireCommitted, ScheduleChange, TaskChange, TaskFilter,
+    TaskPage, claim_scan,
+};
 
 /// Result of store operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The outcome of [`Store::create_task`].
-#[derive(Debug, Clone)]
-pub struct Created {
-    /// The task as stored.
-    pub task: TaskRecord,
-    /// True when `client_request_id` matched an existing task with the same
-    /// request fingerprint, and nothing new was written.
-    pub existing: bool,
-}
-
-/// Which tasks [`Store::list_tasks`] returns.
-#[derive(Debug, Clone, Default)]
-pub struct TaskFilter {
-    /// Only this state.
-    pub state: Option<TaskState>,
-    /// Only this handler.
-    pub handler: Option<String>,
-    /// Page size (1..=1000).
-    pub limit: u32,
-    /// Only tasks whose id sorts before this one (ids are time-ordered, so
-    /// pages run newest first).
-    pub before_id: Option<String>,
-}
-
-/// A page of tasks, newest first, without attempts.
-#[derive(Debug, Clone, Default)]
-pub struct TaskPage {
-    /// The tasks.
-    pub tasks: Vec<TaskRecord>,
-    /// Id to pass as `before_id` for the next page; `None` on the last page.
-    pub next_before_id: Option<String>,
-}
-
-/// The dispatcher's decision for one READY task in [`Store::claim_ready`].
-#[derive(Debug, Clone)]
-pub struct Claim {
-    /// Id of the new attempt.
-    pub execution_id: String,
-    /// The worker chosen.
-    pub worker_id: String,
-    /// Take the task back if no ACK comes by then.
-    pub ack_deadline: UnixMillis,
-}
-
-/// Chooses a worker for a READY task, or `None` to leave it READY.
-pub type Chooser<'a> = dyn FnMut(&TaskRecord) -> Option<Claim> + Send + 'a;
-
-/// A committed change of a task, published after the commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskChange {
-    /// The task.
-    pub task_id: String,
-    /// Its new state.
-    pub state: TaskState,
-    /// Its new version.
-    pub version: i64,
-    /// Its new `next_at` (the instant it next needs attention).
-    pub next_at: Option<UnixMillis>,
-}
-
-impl TaskChange {
-    /// The change that writing `task` makes.
-    pub fn of(task: &TaskRecord) -> Self {
-        Self {
-            task_id: task.id.clone(),
-            state: task.state,
-            version: task.version,
-            next_at: task.next_at,
-        }
-    }
-
-    /// The marker a store sends when its subscribers may have missed
-    /// changes (see [`Store::subscribe`]): it names no task.
-    pub fn resync() -> Self {
-        Self {
-            task_id: String::new(),
-            state: TaskState::Pending,
-            version: 0,
-            next_at: None,
-        }
-    }
-
-    /// True for [`TaskChange::resync`]: re-read instead of following it.
-    pub fn is_resync(&self) -> bool {
-        self.task_id.is_empty()
-    }
-}
-
-/// A committed change of a schedule, published after the commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScheduleChange {
-    /// The schedule.
-    pub schedule_id: String,
-    /// Its next fire time while it is active (not paused, not deleted).
-    pub next_fire_at: Option<UnixMillis>,
-}
-
-impl ScheduleChange {
-    /// The change that writing `schedule` makes.
-    pub fn of(schedule: &ScheduleRecord) -> Self {
-        Self {
-            schedule_id: schedule.id.clone(),
-            next_fire_at: if schedule.paused {
-                None
-            } else {
-                schedule.next_fire_at
-            },
-        }
-    }
-
-    /// The marker a store sends when its subscribers may have missed
-    /// changes: it names no schedule.
-    pub fn resync() -> Self {
-        Self {
-            schedule_id: String::new(),
-            next_fire_at: None,
-        }
-    }
-
-    /// True for [`ScheduleChange::resync`].
-    pub fn is_resync(&self) -> bool {
-        self.schedule_id.is_empty()
-    }
-}
-
-/// Everything one handling of a due schedule writes, in one transaction.
-#[derive(Debug, Clone)]
-pub struct FireCommit {
-    /// The schedule as it must be written (version bumped).
-    pub schedule: ScheduleRecord,
-    /// The version it must still have (compare-and-set).
-    pub expected_version: i64,
-    /// Handled fire times.
-    pub fires: Vec<FireRecord>,
-    /// Tasks to create, each with its request fingerprint. A task whose
-    /// `client_request_id` exists already is not created again.
-    pub tasks: Vec<(NewTask, String)>,
-    /// A previous run to cancel first (overlap CANCEL_PREVIOUS).
-    pub cancel: Option<(String, Event)>,
-}
-
-/// What [`Store::commit_fires`] wrote.
-#[derive(Debug, Clone, Default)]
-pub struct FireCommitted {
-    /// Tasks created (or found, for a repeated fire key).
-    pub tasks: Vec<TaskRecord>,
-    /// The cancelled previous run as it was before the cancel, if any.
-    pub cancelled: Option<TaskRecord>,
-}
-
-/// The answer to a create whose `client_request_id` is already stored with
-/// fingerprint `stored_fp`.
-pub(crate) fn existing_or_taken(
-    stored: TaskRecord,
-    stored_fp: &str,
-    fingerprint: &str,
-) -> Result<Created> {
-    if stored_fp == fingerprint {
-        return Ok(Created {
-            task: stored,
-            existing: true,
-        });
-    }
-    Err(Error::AlreadyExists(format!(
-        "client_request_id {} is already used by task {} with a different request",
-        stored.client_request_id.as_deref().unwrap_or_default(),
-        stored.id
-    )))
-}
-
-/// How many READY candidates a claim for `limit` tasks looks at.
-pub fn claim_scan(limit: usize) -> usize {
-    limit.saturating_mul(4).saturating_add(32).min(4_096)
-}
 
 /// Durable task storage. Implementations pass the conformance suite of
 /// [`conformance`] (run with [`store_conformance_suite!`]).

@@ -1,59 +1,82 @@
 //! The Postgres backend of [`Store`](crate::Store): the store of a cluster,
 //! shared by every `serve` replica.
 //!
-//! Concurrency is Postgres's: row locks and compare-and-set on `version`,
-//! no in-process writer queue. Claims read READY candidates with
-//! `SELECT … FOR UPDATE SKIP LOCKED`, so replicas claiming at once each get
-//! different tasks without waiting for each other. Batched writes
-//! (`transition_many`, claims) lock their rows, apply the events in memory
-//! and write the whole batch with one statement of `UNNEST`ed arrays, so a
-//! batch costs a handful of round trips whatever its size.
+//! The algorithms are the one SQL implementation (`crate::sql`); this file
+//! connects and is its [`Backend`]: `$n` placeholders, `jsonb` columns,
+//! row locks (`FOR UPDATE`, claims with `SKIP LOCKED`), the server's
+//! `clock_timestamp()`, SQLSTATEs, and its wake-up transport. `unnest`
+//! writes a whole batch in one statement of `UNNEST`ed arrays (the portable
+//! form takes four round trips).
 //!
-//! After each commit, the [`TaskChange`]s and [`ScheduleChange`]s go to
-//! this process's subscribers at once and to the other processes by
-//! `pg_notify`, sent in batches by one task (`outbox`: why not inside the
-//! writing transaction is explained there). Each store LISTENs on its
-//! channel and feeds its broadcast channels with what other processes
-//! committed, so a replica wakes up for work another one wrote without
-//! polling.
-//!
-//! Layout: this file connects; `sql` holds the statements, `tx` the
-//! per-row statements run inside a transaction, `batch` the one-statement
-//! batch writer, `transitions` the batches of events, `claims` the claim,
-//! `callbacks` the callback outbox, `outbox` and `notify` the two halves
-//! of the notifications, `store_impl` and `schedules` the trait, `scratch`
-//! throw-away schemas for tests.
+//! Wake-ups: after each commit the changes go to this process's
+//! subscribers at once and, through the outbox (`crate::wake`), to the
+//! other processes by `pg_notify` in batches; `listen` relays theirs.
+//! `scratch` makes throw-away schemas and databases for tests.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::sync::broadcast;
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{PgPool, Postgres};
+use taskmesh_core::UnixMillis;
 
+use crate::error::Kind;
+use crate::sql::{Args, Backend, Batch, BulkForm, Dialect, SqlStore, Statements, bind_all};
+use crate::wake::{Channels, Sink, Transport};
 use crate::{Error, Result, ScheduleChange, TaskChange};
 
-mod batch;
-mod callbacks;
-mod claims;
-mod create;
-mod notify;
-mod outbox;
-mod schedules;
+mod listen;
 pub mod scratch;
-mod sql;
-mod store_impl;
 #[cfg(test)]
 mod tests;
-mod transitions;
-mod tx;
+mod unnest;
 
 /// The schema, embedded at compile time from `migrations/postgres`.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
 
-/// Capacity of the change channels; a receiver further behind gets `Lagged`.
-const CHANGE_CAPACITY: usize = 4096;
+/// Postgres's SQL: numbered placeholders, `jsonb` columns read as text,
+/// row locks.
+static DIALECT: Dialect = Dialect {
+    name: "postgres",
+    numbered: true,
+    json_cast: "::jsonb",
+    json_read: "{c}::text AS {c}",
+    lock: " FOR UPDATE",
+    skip_locked: " FOR UPDATE SKIP LOCKED",
+    false_lit: "FALSE",
+    due_state: "state",
+    ready_from: "tasks",
+    bulk: BulkForm::ValuesAliased,
+    ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",
+};
+
+static SQL: OnceLock<Statements> = OnceLock::new();
+
+/// The database's clock in unix milliseconds: `clock_timestamp()` is the
+/// time of the call, not of the transaction's start.
+const DB_NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// Sends notification payloads (on their own, after the commits).
+const NOTIFY: &str = "SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p";
+
+/// Postgres SQLSTATEs: class 08 (connection exception), 57P01..03 (admin
+/// shutdown, crash shutdown, cannot connect now) and class 53
+/// (insufficient resources: disk full, too many connections) are
+/// `Unavailable`; serialization failure and deadlock (the transaction was
+/// rolled back; trying again may succeed) `Conflict`; unique violation
+/// `AlreadyExists`.
+pub(crate) fn error_kind(code: &str) -> Kind {
+    match code {
+        c if c.starts_with("08") || c.starts_with("57P") || c.starts_with("53") => {
+            Kind::Unavailable
+        }
+        "40001" | "40P01" => Kind::Conflict,
+        "23505" => Kind::AlreadyExists,
+        _ => Kind::Internal,
+    }
+}
 
 /// Longest schema name accepted: the notification channel is derived from
 /// it and Postgres identifiers stop at 63 bytes.
@@ -145,50 +168,40 @@ fn validate_schema(schema: &str) -> Result<()> {
     }
 }
 
-/// A [`Store`](crate::Store) in a Postgres database. Cheap to clone: clones
-/// share the pool, the change channels and the listener, which stops when
-/// the last clone is dropped.
-#[derive(Debug, Clone)]
-pub struct PostgresStore {
-    pool: PgPool,
-    shared: Arc<Shared>,
-}
+/// A [`Store`](crate::Store) in a Postgres database. Cheap to clone:
+/// clones share the pool, the change channels and the listener, which
+/// stops when the last clone is dropped.
+pub type PostgresStore = SqlStore<PostgresBackend>;
 
-/// What every clone of a store shares.
+/// The Postgres [`Backend`].
 #[derive(Debug)]
-struct Shared {
-    /// Committed task changes, this process's and (relayed) others'.
-    changes: broadcast::Sender<TaskChange>,
-    /// Committed schedule changes, likewise.
-    schedule_changes: broadcast::Sender<ScheduleChange>,
+pub struct PostgresBackend {
+    pub(crate) pool: PgPool,
     /// NOTIFY channel of this database and schema, if notifications are on.
     channel: Option<String>,
-    /// Sent in every payload so the listener skips this store's own
-    /// changes (already published locally, right after the commit).
-    origin: String,
-    /// Backend process id of the LISTEN connection (0 while there is none).
-    listener_pid: AtomicU32,
-    /// The listener task, stopped with the store.
-    listener: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
-    /// Changes for the other processes, if notifications are on.
-    outbox: Option<Arc<outbox::Outbox>>,
-    /// The task sending the outbox; it sends what is queued and stops once
-    /// the outbox is closed.
-    sender: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Server process id of the LISTEN connection (0 while there is none).
+    listener_pid: Arc<AtomicU32>,
+    transport: Option<Transport>,
 }
 
-impl Drop for Shared {
-    fn drop(&mut self) {
-        if let Some(task) = self.listener.lock().ok().and_then(|mut l| l.take()) {
-            task.abort();
-        }
-        if let Some(outbox) = &self.outbox {
-            outbox.close();
-        }
+struct NotifySink {
+    pool: PgPool,
+    channel: String,
+}
+
+#[async_trait]
+impl Sink for NotifySink {
+    async fn send(&self, payloads: Vec<String>) -> Result<(), sqlx::Error> {
+        sqlx::query(NOTIFY)
+            .bind(&self.channel)
+            .bind(payloads)
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
     }
 }
 
-impl PostgresStore {
+impl SqlStore<PostgresBackend> {
     /// Connects to the database described by `opts`, creates the schema if
     /// asked, applies pending migrations, starts listening for other
     /// processes' changes and returns the store. Fails with
@@ -206,38 +219,37 @@ impl PostgresStore {
             create_schema(&pool, schema).await?;
         }
         MIGRATOR.run(&pool).await?;
-
-        let (changes, _) = broadcast::channel(CHANGE_CAPACITY);
-        let (schedule_changes, _) = broadcast::channel(CHANGE_CAPACITY);
+        let channels = Arc::new(Channels::new());
+        let listener_pid = Arc::new(AtomicU32::new(0));
         let channel = opts
             .notify
-            .then(|| notify::channel_name(opts.schema.as_deref()));
-        let origin = taskmesh_core::id::new_session_id();
-        let outbox = channel.as_ref().map(|_| Arc::new(outbox::Outbox::new()));
-        let shared = Arc::new(Shared {
-            changes,
-            schedule_changes,
-            channel: channel.clone(),
-            origin: origin.clone(),
-            listener_pid: AtomicU32::new(0),
-            listener: std::sync::Mutex::new(None),
-            outbox: outbox.clone(),
-            sender: std::sync::Mutex::new(None),
-        });
-        if let (Some(channel), Some(outbox)) = (channel, outbox) {
+            .then(|| listen::channel_name(opts.schema.as_deref()));
+        let mut transport = None;
+        if let Some(channel) = &channel {
+            let origin = Transport::new_origin();
             // Listening before `connect` returns: everything committed
             // after it is relayed to subscribers.
-            let task = notify::start_listener(connect, channel.clone(), &shared).await?;
-            if let Ok(mut slot) = shared.listener.lock() {
-                *slot = Some(task);
-            }
-            let sender = tokio::spawn(outbox::run(outbox, pool.clone(), channel, origin));
-            if let Ok(mut slot) = shared.sender.lock() {
-                *slot = Some(sender);
-            }
+            let listen = listen::Listen {
+                channel: channel.clone(),
+                origin: origin.clone(),
+                channels: Arc::downgrade(&channels),
+                pid: listener_pid.clone(),
+            };
+            let receiver = listen::start_listener(connect, listen).await?;
+            let sink = NotifySink {
+                pool: pool.clone(),
+                channel: channel.clone(),
+            };
+            transport = Some(Transport::start(origin, sink, receiver));
         }
         tracing::debug!(schema = ?opts.schema, notify = opts.notify, "connected Postgres store");
-        Ok(Self { pool, shared })
+        let backend = PostgresBackend {
+            pool,
+            channel,
+            listener_pid,
+            transport,
+        };
+        Ok(SqlStore::new(backend, channels))
     }
 
     /// Announces the changes still queued for other processes (waiting up
@@ -245,56 +257,92 @@ impl PostgresStore {
     /// connections in use to be returned. Every clone of this store stops
     /// working.
     pub async fn close(&self) {
-        if let Some(outbox) = &self.shared.outbox {
-            outbox.close();
+        if let Some(transport) = &self.backend().transport {
+            transport.close().await;
         }
-        let sender = self.shared.sender.lock().ok().and_then(|mut s| s.take());
-        if let Some(sender) = sender
-            && tokio::time::timeout(Duration::from_secs(5), sender)
-                .await
-                .is_err()
-        {
-            tracing::warn!("gave up announcing the last changes to other processes");
-        }
-        if let Some(task) = self.shared.listener.lock().ok().and_then(|mut l| l.take()) {
-            task.abort();
-        }
-        self.pool.close().await;
+        self.backend().pool.close().await;
     }
 
     /// The NOTIFY channel this store sends and listens on (`None` with
     /// notifications off).
     pub fn channel(&self) -> Option<&str> {
-        self.shared.channel.as_deref()
+        self.backend().channel.as_deref()
     }
 
     /// The server process id of the LISTEN connection, if connected (for
     /// operators and tests: terminating it exercises the reconnect).
     pub fn listener_backend_pid(&self) -> Option<u32> {
-        match self.shared.listener_pid.load(Ordering::SeqCst) {
+        match self.backend().listener_pid.load(Ordering::SeqCst) {
             0 => None,
             pid => Some(pid),
         }
     }
+}
 
-    /// Publishes committed changes to this process's subscribers and
-    /// queues them for the other processes.
-    fn publish(
+#[async_trait]
+impl Backend for PostgresBackend {
+    type Tx = sqlx::Transaction<'static, Postgres>;
+    type Row = PgRow;
+
+    fn sql(&self) -> &'static Statements {
+        SQL.get_or_init(|| Statements::render(&DIALECT))
+    }
+
+    async fn begin_write(&self) -> Result<Self::Tx> {
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn begin_read(&self) -> Result<Self::Tx> {
+        // One snapshot for the whole read (READ COMMITTED takes one per
+        // statement): a task and its attempts always agree.
+        Ok(self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await?)
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn exec(&self, tx: &mut Self::Tx, sql: &'static str, args: Args) -> sqlx::Result<u64> {
+        let done = bind_all(sqlx::query(sql), args).execute(&mut **tx).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fetch(
         &self,
-        tasks: impl IntoIterator<Item = TaskChange>,
-        schedules: impl IntoIterator<Item = ScheduleChange>,
-    ) {
-        let tasks: Vec<TaskChange> = tasks.into_iter().collect();
-        let schedules: Vec<ScheduleChange> = schedules.into_iter().collect();
-        for change in &tasks {
-            let _ = self.shared.changes.send(change.clone());
+        tx: &mut Self::Tx,
+        sql: &'static str,
+        args: Args,
+    ) -> sqlx::Result<Vec<PgRow>> {
+        bind_all(sqlx::query(sql), args).fetch_all(&mut **tx).await
+    }
+
+    async fn raw(&self, tx: &mut Self::Tx, sql: &'static str) -> sqlx::Result<()> {
+        sqlx::raw_sql(sql).execute(&mut **tx).await.map(|_| ())
+    }
+
+    async fn read(&self, sql: &'static str, args: Args) -> sqlx::Result<Vec<PgRow>> {
+        bind_all(sqlx::query(sql), args).fetch_all(&self.pool).await
+    }
+
+    async fn db_now(&self) -> Result<UnixMillis> {
+        Ok(sqlx::query_scalar(DB_NOW).fetch_one(&self.pool).await?)
+    }
+
+    fn announce(&self, tasks: &[TaskChange], schedules: &[ScheduleChange]) {
+        if let Some(transport) = &self.transport {
+            transport.announce(tasks, schedules);
         }
-        for change in &schedules {
-            let _ = self.shared.schedule_changes.send(change.clone());
-        }
-        if let Some(outbox) = &self.shared.outbox {
-            outbox.push(tasks, schedules);
-        }
+    }
+
+    async fn write_batch(
+        &self,
+        tx: &mut Self::Tx,
+        batch: &Batch,
+    ) -> Result<std::collections::HashSet<String>> {
+        Ok(unnest::write(batch, tx).await?)
     }
 }
 

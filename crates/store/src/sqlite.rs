@@ -9,46 +9,56 @@
 //! Readers run on their own pool and, thanks to WAL, never wait for the
 //! writer.
 //!
-//! Layout: this file opens the database; `rows` maps rows to records,
-//! `tx` holds the statements run inside a write transaction, and
-//! `store_impl` implements the trait on top of both.
+//! Everything else is the one SQL implementation (`crate::sql`); this file
+//! opens the database and is its [`Backend`]: the dialect (`?`
+//! placeholders, no row locks, planner hints), transactions on the two
+//! pools, the process clock, and SQLite's error codes.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sqlx::SqlitePool;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use tokio::sync::broadcast;
+use async_trait::async_trait;
+use sqlx::error::DatabaseError;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteError, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Sqlite, SqlitePool};
+use taskmesh_core::{Clock, SystemClock, UnixMillis};
 
+use crate::error::Kind;
+use crate::sql::{Args, Backend, BulkForm, Dialect, SqlStore, Statements, bind_all};
+use crate::wake::Channels;
 use crate::{Error, Result, ScheduleChange, TaskChange};
 
-/// The `tasks` columns in the order [`rows::task_from_row`] reads them; a
-/// macro so it can be spliced into `concat!`-built static SQL.
-macro_rules! task_columns {
-    () => {
-        "id, handler, payload, content_type, state, priority, labels, routing_key, \
-         client_request_id, request_fingerprint, callback_url, max_attempts, \
-         initial_backoff_ms, backoff_multiplier, max_backoff_ms, timeout_ms, run_at, \
-         created_at, updated_at, pending_at, ready_at, dispatching_at, running_at, \
-         retrying_at, ended_at, attempt, run_count, execution_id, worker_id, next_at, \
-         output, output_content_type, error_message, version, traceparent, balancer, \
-         schedule_id"
-    };
-}
-
-mod batch;
-mod rows;
-mod schedules;
-mod store_impl;
 #[cfg(test)]
 mod tests;
-mod tx;
 
 /// The schema, embedded at compile time from `migrations/sqlite`.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
 
-/// Capacity of the change channel; a receiver further behind gets `Lagged`.
-const CHANGE_CAPACITY: usize = 4096;
+/// SQLite's SQL: `?` placeholders; no row locks (one writer holds the whole
+/// file from `BEGIN IMMEDIATE`); planner hints where, without statistics,
+/// it would leave the partial index made for a query.
+static DIALECT: Dialect = Dialect {
+    name: "sqlite",
+    numbered: false,
+    json_cast: "",
+    json_read: "{c}",
+    lock: "",
+    skip_locked: "",
+    false_lit: "0",
+    // The unary `+` keeps the planner on `tasks_next_at`.
+    due_state: "+state",
+    // Without statistics the planner prefers `tasks_state_id`, which
+    // needs a table lookup per row and a sort.
+    ready_from: "tasks INDEXED BY tasks_ready_claim",
+    bulk: BulkForm::ValuesNumbered,
+    ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",
+};
+
+static SQL: OnceLock<Statements> = OnceLock::new();
 
 /// Name of the database file [`SqliteStore::open_in`] uses.
 pub const DEFAULT_FILE_NAME: &str = "taskmesh.db";
@@ -81,20 +91,18 @@ impl SqliteOptions {
 }
 
 /// A [`Store`](crate::Store) in one SQLite file. Cheap to clone: clones
-/// share the pools and the change channel.
-#[derive(Debug, Clone)]
-pub struct SqliteStore {
-    /// Exactly one connection: every write transaction goes through it.
-    writer: SqlitePool,
-    /// Read-only (`query_only`) connections for everything else.
-    reader: SqlitePool,
-    /// Committed changes, sent after each commit.
-    changes: broadcast::Sender<TaskChange>,
-    /// Committed schedule changes, sent after each commit.
-    schedule_changes: broadcast::Sender<ScheduleChange>,
+/// share the pools and the change channels.
+pub type SqliteStore = SqlStore<SqliteBackend>;
+
+/// The SQLite [`Backend`]: a writer pool of exactly one connection, through
+/// which every write transaction goes, and a pool of `query_only` readers.
+#[derive(Debug)]
+pub struct SqliteBackend {
+    pub(crate) writer: SqlitePool,
+    pub(crate) reader: SqlitePool,
 }
 
-impl SqliteStore {
+impl SqlStore<SqliteBackend> {
     /// Opens (creating if needed) the database described by `opts`, applies
     /// pending migrations and returns the store.
     pub async fn open(opts: SqliteOptions) -> Result<Self> {
@@ -154,15 +162,11 @@ impl SqliteStore {
             .connect_with(base.pragma("query_only", "ON"))
             .await?;
 
-        let (changes, _) = broadcast::channel(CHANGE_CAPACITY);
-        let (schedule_changes, _) = broadcast::channel(CHANGE_CAPACITY);
         tracing::debug!(path = %opts.path.display(), synchronous_full = opts.synchronous_full, "opened SQLite store");
-        Ok(Self {
-            writer,
-            reader,
-            changes,
-            schedule_changes,
-        })
+        Ok(SqlStore::new(
+            SqliteBackend { writer, reader },
+            Arc::new(Channels::new()),
+        ))
     }
 
     /// Opens `taskmesh.db` inside `dir` with the default options.
@@ -173,14 +177,76 @@ impl SqliteStore {
     /// Closes both pools, waiting for connections in use to be returned.
     /// Every clone of this store stops working.
     pub async fn close(&self) {
-        self.writer.close().await;
-        self.reader.close().await;
+        self.backend().writer.close().await;
+        self.backend().reader.close().await;
+    }
+}
+
+/// SQLite's result codes: BUSY (5), LOCKED (6), FULL (13), CANTOPEN (14)
+/// and their extended codes are `Unavailable`; CONSTRAINT_UNIQUE (2067) and
+/// CONSTRAINT_PRIMARYKEY (1555) are `AlreadyExists`.
+pub(crate) fn error_kind(err: &SqliteError) -> Kind {
+    match DatabaseError::code(err).as_deref() {
+        Some("5" | "6" | "13" | "14" | "517" | "261" | "262") => Kind::Unavailable,
+        Some("2067" | "1555") => Kind::AlreadyExists,
+        _ if err.is_unique_violation() => Kind::AlreadyExists,
+        _ => Kind::Internal,
+    }
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
+    type Tx = sqlx::Transaction<'static, Sqlite>;
+    type Row = SqliteRow;
+
+    fn sql(&self) -> &'static Statements {
+        SQL.get_or_init(|| Statements::render(&DIALECT))
     }
 
-    /// Sends the committed changes; nobody listening is fine.
-    fn publish(&self, changes: impl IntoIterator<Item = TaskChange>) {
-        for change in changes {
-            let _ = self.changes.send(change);
-        }
+    async fn begin_write(&self) -> Result<Self::Tx> {
+        // The write lock now: a read inside the transaction can never be
+        // invalidated by another process writing the file.
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    async fn begin_read(&self) -> Result<Self::Tx> {
+        Ok(self.reader.begin().await?)
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn exec(&self, tx: &mut Self::Tx, sql: &'static str, args: Args) -> sqlx::Result<u64> {
+        let done = bind_all(sqlx::query(sql), args).execute(&mut **tx).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fetch(
+        &self,
+        tx: &mut Self::Tx,
+        sql: &'static str,
+        args: Args,
+    ) -> sqlx::Result<Vec<SqliteRow>> {
+        bind_all(sqlx::query(sql), args).fetch_all(&mut **tx).await
+    }
+
+    async fn raw(&self, tx: &mut Self::Tx, sql: &'static str) -> sqlx::Result<()> {
+        sqlx::raw_sql(sql).execute(&mut **tx).await.map(|_| ())
+    }
+
+    async fn read(&self, sql: &'static str, args: Args) -> sqlx::Result<Vec<SqliteRow>> {
+        bind_all(sqlx::query(sql), args)
+            .fetch_all(&self.reader)
+            .await
+    }
+
+    async fn db_now(&self) -> Result<UnixMillis> {
+        // One node: the process is the database.
+        Ok(SystemClock.now_millis())
+    }
+
+    fn announce(&self, _tasks: &[TaskChange], _schedules: &[ScheduleChange]) {
+        // One process owns the file: nobody else to tell.
     }
 }

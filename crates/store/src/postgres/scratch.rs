@@ -11,6 +11,7 @@ use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 
 use super::PostgresOptions;
+use crate::urls::{redact, with_database};
 use crate::{Error, Result};
 
 /// The environment variable naming the test database.
@@ -132,30 +133,6 @@ async fn connect(url: &str) -> Result<PgConnection> {
     })
 }
 
-/// `url` without its password.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
-        }
-        _ => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn urls_lose_their_password() {
-        assert_eq!(redact("postgres://u:secret@h:5/db"), "postgres://u@h:5/db");
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
-    }
-}
-
 /// A database of its own for one run (`taskmesh bench` on Postgres):
 /// created empty on the server of `admin_url`, dropped by
 /// [`ScratchDatabase::drop_now`]. Also reports the server's durability
@@ -216,33 +193,5 @@ impl ScratchDatabase {
         .await?;
         let _ = conn.close().await;
         Ok(())
-    }
-}
-
-/// `url` with its database (the path) replaced by `name`, query kept.
-fn with_database(url: &str, name: &str) -> Option<String> {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let host_start = base.find("://")? + 3;
-    let slash = base[host_start..].find('/').map(|i| i + host_start)?;
-    let mut out = format!("{}/{name}", &base[..slash]);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    Some(out)
-}
-
-#[cfg(test)]
-mod database_url_tests {
-    #[test]
-    fn the_database_is_swapped_and_the_rest_kept() {
-        assert_eq!(
-            super::with_database("postgres://u:p@h:5432/test?sslmode=disable", "x").as_deref(),
-            Some("postgres://u:p@h:5432/x?sslmode=disable")
-        );
-        assert_eq!(super::with_database("postgres://h", "x"), None);
     }
 }

@@ -5,10 +5,11 @@
 
 use sqlx::Row;
 
+use super::PostgresStore;
 use super::scratch::ScratchSchema;
-use super::store_impl::list_sql;
-use super::{PostgresStore, sql};
 use crate::conformance::{T0, new_task};
+use crate::error::{Kind, kind};
+use crate::sql::list_index;
 use crate::{Claim, Error, Store, TaskFilter};
 
 async fn store() -> (ScratchSchema, PostgresStore) {
@@ -35,29 +36,31 @@ async fn finish(schema: ScratchSchema, store: PostgresStore) {
 #[tokio::test]
 async fn queries_can_use_their_indexes() {
     let (schema, store) = store().await;
-    let by_state = list_sql(&TaskFilter {
-        state: Some(taskmesh_core::TaskState::Ready),
-        ..TaskFilter::default()
-    });
-    let by_handler = list_sql(&TaskFilter {
-        handler: Some("h".into()),
-        before_id: Some("z".into()),
-        ..TaskFilter::default()
-    });
-    let cases: [(&str, String, &[&str]); 7] = [
-        ("callbacks_due", sql::NEXT_CALLBACK.into(), &[]),
+    let sql = store.sql();
+    let cases: [(&str, &str, &[&str]); 9] = [
+        ("callbacks_due", &sql.next_callback, &[]),
+        ("callbacks_due", &sql.claim_callbacks, &["bigint", "bigint"]),
+        ("tasks_ready_claim", &sql.claim_first, &["text", "bigint"]),
         (
             "tasks_ready_claim",
-            sql::CLAIM.into(),
-            &["text", "text[]", "bigint"],
+            &sql.claim_after,
+            &["text", "integer", "integer", "text", "bigint"],
         ),
-        ("tasks_next_at", sql::DUE.into(), &["bigint", "bigint"]),
-        ("tasks_next_at", sql::NEXT_DUE.into(), &[]),
-        ("tasks_ready_claim", sql::READY_COUNTS.into(), &[]),
-        ("tasks_state_id", by_state, &["text", "bigint"]),
-        ("tasks_handler_id", by_handler, &["text", "text", "bigint"]),
+        ("tasks_next_at", &sql.due, &["bigint", "bigint"]),
+        ("tasks_next_at", &sql.next_due, &[]),
+        ("tasks_ready_claim", &sql.ready_counts, &[]),
+        (
+            "tasks_state_id",
+            &sql.list[list_index(true, false, false)],
+            &["text", "bigint"],
+        ),
+        (
+            "tasks_handler_id",
+            &sql.list[list_index(false, true, true)],
+            &["text", "text", "bigint"],
+        ),
     ];
-    let mut conn = store.pool.acquire().await.expect("conn");
+    let mut conn = store.backend().pool.acquire().await.expect("conn");
     // Generic plans: what the prepared statements run, whatever the values.
     sqlx::raw_sql(
         "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_sort = off; \
@@ -74,7 +77,6 @@ async fn queries_can_use_their_indexes() {
                 .iter()
                 .map(|t| match *t {
                     "text" => "'h'",
-                    "text[]" => "'{}'",
                     _ => "1",
                 })
                 .collect();
@@ -117,13 +119,13 @@ async fn corrupt_rows_are_internal_errors_naming_the_task() {
         .task;
     sqlx::query("UPDATE tasks SET state = 'NOPE' WHERE id = $1")
         .bind(&task.id)
-        .execute(&store.pool)
+        .execute(&store.backend().pool)
         .await
         .expect_err("the CHECK constraint guards the state");
     // Past the constraints: labels that are JSON but not an object.
     sqlx::query("UPDATE tasks SET labels = '[1]' WHERE id = $1")
         .bind(&task.id)
-        .execute(&store.pool)
+        .execute(&store.backend().pool)
         .await
         .expect("corrupt the row");
 
@@ -166,5 +168,39 @@ async fn corrupt_rows_are_internal_errors_naming_the_task() {
             "{err:?}"
         );
     }
+    finish(schema, store).await;
+}
+
+/// Postgres's SQLSTATEs land in the store's vocabulary: a taken key and a
+/// taken primary key (23505) are `AlreadyExists`, a refused statement
+/// otherwise `Internal`.
+#[tokio::test]
+async fn error_codes_map_to_the_store_vocabulary() {
+    let (schema, store) = store().await;
+    let mut keyed = new_task("h");
+    keyed.client_request_id = Some("req".into());
+    store.create_task(keyed, "fp", T0).await.expect("create");
+    let other = store
+        .create_task(new_task("h"), "fp", T0)
+        .await
+        .expect("create")
+        .task;
+    let pool = &store.backend().pool;
+    let taken_key = sqlx::query("UPDATE tasks SET client_request_id = 'req' WHERE id = $1")
+        .bind(&other.id)
+        .execute(pool)
+        .await
+        .expect_err("the key is taken");
+    assert_eq!(kind(&taken_key), Kind::AlreadyExists, "{taken_key:?}");
+    let taken_id = sqlx::query("INSERT INTO fences (name, token) VALUES ('leader', 1)")
+        .execute(pool)
+        .await
+        .expect_err("the row exists");
+    assert_eq!(kind(&taken_id), Kind::AlreadyExists, "{taken_id:?}");
+    let bad = sqlx::query("SELECT nope FROM tasks")
+        .execute(pool)
+        .await
+        .expect_err("bad SQL");
+    assert_eq!(kind(&bad), Kind::Internal);
     finish(schema, store).await;
 }

@@ -7,16 +7,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use sqlx::Row;
-use taskmesh_core::TaskState;
 use tempfile::TempDir;
 
-use super::store_impl::{
-    CLAIM_CALLBACKS_SQL, CLAIM_SQL, DUE_SQL, NEXT_CALLBACK_SQL, NEXT_DUE_SQL, READY_COUNTS_SQL,
-    list_sql,
-};
-use super::{SqliteOptions, SqliteStore, tx};
+use super::{SqliteOptions, SqliteStore};
 use crate::conformance::{T0, new_task};
-use crate::error::is_unique_violation;
+use crate::error::{Kind, kind};
+use crate::sql::list_index;
 use crate::{Claim, Error, Store, TaskFilter};
 
 async fn pragma(pool: &sqlx::SqlitePool, name: &str) -> String {
@@ -37,14 +33,13 @@ async fn open_creates_directories_and_applies_settings() {
         .await
         .expect("open");
     assert!(path.exists());
-    assert_eq!(pragma(&store.writer, "journal_mode").await, "wal");
-    assert_eq!(pragma(&store.reader, "journal_mode").await, "wal");
-    assert_eq!(pragma(&store.writer, "synchronous").await, "2", "FULL");
-    assert_eq!(pragma(&store.writer, "foreign_keys").await, "1");
-    assert_eq!(pragma(&store.reader, "query_only").await, "1");
-    let refused = sqlx::query("DELETE FROM tasks")
-        .execute(&store.reader)
-        .await;
+    let (writer, reader) = (&store.backend().writer, &store.backend().reader);
+    assert_eq!(pragma(writer, "journal_mode").await, "wal");
+    assert_eq!(pragma(reader, "journal_mode").await, "wal");
+    assert_eq!(pragma(writer, "synchronous").await, "2", "FULL");
+    assert_eq!(pragma(writer, "foreign_keys").await, "1");
+    assert_eq!(pragma(reader, "query_only").await, "1");
+    let refused = sqlx::query("DELETE FROM tasks").execute(reader).await;
     assert!(refused.is_err(), "readers must not write");
     store.close().await;
 
@@ -53,7 +48,11 @@ async fn open_creates_directories_and_applies_settings() {
         ..SqliteOptions::new(&path)
     };
     let store = SqliteStore::open(relaxed).await.expect("reopen");
-    assert_eq!(pragma(&store.writer, "synchronous").await, "1", "NORMAL");
+    assert_eq!(
+        pragma(&store.backend().writer, "synchronous").await,
+        "1",
+        "NORMAL"
+    );
 }
 
 /// Every fixed query reads through the index the migration made for it,
@@ -62,24 +61,27 @@ async fn open_creates_directories_and_applies_settings() {
 async fn queries_use_their_indexes() {
     let dir = TempDir::new().expect("tempdir");
     let store = SqliteStore::open_in(dir.path()).await.expect("open");
-    let by_state = list_sql(&TaskFilter {
-        state: Some(TaskState::Ready),
-        ..TaskFilter::default()
-    });
-    let by_handler = list_sql(&TaskFilter {
-        handler: Some("h".into()),
-        before_id: Some("z".into()),
-        ..TaskFilter::default()
-    });
-    let cases: [(&str, String, usize); 8] = [
-        ("callbacks_due", CLAIM_CALLBACKS_SQL.into(), 2),
-        ("callbacks_due", NEXT_CALLBACK_SQL.into(), 0),
-        ("tasks_ready_claim", CLAIM_SQL.into(), 3),
-        ("tasks_next_at", DUE_SQL.into(), 2),
-        ("tasks_next_at", NEXT_DUE_SQL.into(), 0),
-        ("tasks_ready_claim", READY_COUNTS_SQL.into(), 0),
-        ("tasks_state_id", by_state, 2),
-        ("tasks_handler_id", by_handler, 3),
+    let sql = store.sql();
+    let cases: [(&str, &str, usize); 11] = [
+        ("callbacks_due", &sql.claim_callbacks, 2),
+        ("callbacks_due", &sql.next_callback, 0),
+        ("tasks_ready_claim", &sql.claim_first, 2),
+        ("tasks_ready_claim", &sql.claim_after, 5),
+        ("tasks_next_at", &sql.due, 2),
+        ("tasks_next_at", &sql.next_due, 0),
+        ("tasks_ready_claim", &sql.ready_counts, 0),
+        (
+            "tasks_state_id",
+            &sql.list[list_index(true, false, false)],
+            2,
+        ),
+        (
+            "tasks_handler_id",
+            &sql.list[list_index(false, true, true)],
+            3,
+        ),
+        ("schedules_due", &sql.due_schedules, 2),
+        ("schedules_due", &sql.next_schedule_due, 0),
     ];
     for (index, sql, params) in cases {
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
@@ -87,7 +89,7 @@ async fn queries_use_their_indexes() {
             q = q.bind(1_i64);
         }
         let plan: Vec<String> = q
-            .fetch_all(&store.reader)
+            .fetch_all(&store.backend().reader)
             .await
             .expect("explain")
             .iter()
@@ -110,7 +112,7 @@ async fn corrupt_rows_are_internal_errors_naming_the_task() {
         .task;
     sqlx::query("UPDATE tasks SET labels = 'not json' WHERE id = ?")
         .bind(&task.id)
-        .execute(&store.writer)
+        .execute(&store.backend().writer)
         .await
         .expect("corrupt the row");
 
@@ -140,30 +142,38 @@ async fn corrupt_rows_are_internal_errors_naming_the_task() {
     }
 }
 
+/// SQLite's error codes land in the store's vocabulary: a taken key
+/// (CONSTRAINT_UNIQUE) and a taken primary key (CONSTRAINT_PRIMARYKEY) are
+/// `AlreadyExists`, a statement SQLite refuses otherwise `Internal`.
 #[tokio::test]
-async fn duplicate_request_id_insert_is_a_unique_violation() {
+async fn error_codes_map_to_the_store_vocabulary() {
     let dir = TempDir::new().expect("tempdir");
     let store = SqliteStore::open_in(dir.path()).await.expect("open");
-    let keyed = || {
-        let mut t = new_task("h");
-        t.client_request_id = Some("req".into());
-        t.into_record(T0)
-    };
-    let mut conn = store.writer.acquire().await.expect("conn");
-    tx::insert_task(&mut conn, &keyed(), "fp")
+    let mut keyed = new_task("h");
+    keyed.client_request_id = Some("req".into());
+    store.create_task(keyed, "fp", T0).await.expect("create");
+    let other = store
+        .create_task(new_task("h"), "fp", T0)
         .await
-        .expect("bind")
-        .expect("first insert");
-    let err = tx::insert_task(&mut conn, &keyed(), "fp")
+        .expect("create")
+        .task;
+    let writer = &store.backend().writer;
+    let taken_key = sqlx::query("UPDATE tasks SET client_request_id = 'req' WHERE id = ?")
+        .bind(&other.id)
+        .execute(writer)
         .await
-        .expect("bind")
-        .expect_err("second insert");
-    assert!(is_unique_violation(&err), "{err:?}");
-    let other = sqlx::query("SELECT nope FROM tasks")
-        .execute(&mut *conn)
+        .expect_err("the key is taken");
+    assert_eq!(kind(&taken_key), Kind::AlreadyExists, "{taken_key:?}");
+    let taken_id = sqlx::query("INSERT INTO fences (name, token) VALUES ('leader', 1)")
+        .execute(writer)
+        .await
+        .expect_err("the row exists");
+    assert_eq!(kind(&taken_id), Kind::AlreadyExists, "{taken_id:?}");
+    let bad = sqlx::query("SELECT nope FROM tasks")
+        .execute(writer)
         .await
         .expect_err("bad SQL");
-    assert!(!is_unique_violation(&other));
+    assert_eq!(kind(&bad), Kind::Internal);
 }
 
 /// Two stores on one file have two writers, like two processes: SQLite's

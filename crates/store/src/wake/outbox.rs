@@ -1,12 +1,14 @@
 //! The outbox: changes this process committed, sent to the other processes
-//! with `pg_notify` by one task, right after the commits, in batches.
+//! by one task, right after the commits, in batches, through the backend's
+//! [`Sink`] (`pg_notify` on Postgres, a row of `changes` on MySQL).
 //!
-//! Why not NOTIFY inside each writing transaction? Postgres serializes the
-//! commits of all transactions that sent a notification on one global lock,
-//! held while the commit record is flushed: every create, claim and result
-//! would queue behind every other, losing the group commit that makes many
-//! small transactions fast. Sent from here, data commits never take that
-//! lock; one notifying transaction per batch does.
+//! Why not inside each writing transaction? Postgres serializes the commits
+//! of all transactions that sent a notification on one global lock, held
+//! while the commit record is flushed: every create, claim and result would
+//! queue behind every other, losing the group commit that makes many small
+//! transactions fast. On MySQL a row per commit in one table would be a
+//! hot spot every writer contends on. Sent from here, data commits touch
+//! neither; one sending statement per batch does.
 //!
 //! The price is that a notification is no longer atomic with its commit:
 //! a process that dies between the two loses the wake-up. Notifications are
@@ -19,10 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio::sync::Notify;
 
-use super::{notify, sql};
+use super::{Sink, payload};
 use crate::{ScheduleChange, TaskChange};
 
 /// Changes kept while sending fails; beyond this a resync is sent instead.
@@ -30,7 +31,7 @@ const MAX_PENDING: usize = 100_000;
 
 /// Changes waiting to be sent.
 #[derive(Debug)]
-pub(super) struct Outbox {
+pub(crate) struct Outbox {
     pending: std::sync::Mutex<Pending>,
     wake: Notify,
     closed: AtomicBool,
@@ -51,7 +52,7 @@ impl Pending {
 }
 
 impl Outbox {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             pending: std::sync::Mutex::new(Pending::default()),
             wake: Notify::new(),
@@ -60,7 +61,7 @@ impl Outbox {
     }
 
     /// Queues committed changes for the other processes.
-    pub(super) fn push(
+    pub(crate) fn push(
         &self,
         tasks: impl IntoIterator<Item = TaskChange>,
         schedules: impl IntoIterator<Item = ScheduleChange>,
@@ -81,7 +82,7 @@ impl Outbox {
     }
 
     /// Asks the sending task to send what is queued and stop.
-    pub(super) fn close(&self) {
+    pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.wake.notify_one();
     }
@@ -112,7 +113,7 @@ impl Outbox {
 }
 
 /// Sends queued changes until the outbox is closed and empty.
-pub(super) async fn run(outbox: Arc<Outbox>, pool: PgPool, channel: String, origin: String) {
+pub(crate) async fn run(outbox: Arc<Outbox>, sink: impl Sink, origin: String) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let batch = outbox.take();
@@ -123,16 +124,11 @@ pub(super) async fn run(outbox: Arc<Outbox>, pool: PgPool, channel: String, orig
             outbox.wake.notified().await;
             continue;
         }
-        let mut payloads = notify::payloads(&origin, &batch.tasks, &batch.schedules);
+        let mut payloads = payload::payloads(&origin, &batch.tasks, &batch.schedules);
         if batch.overflow {
-            payloads.push(notify::resync_payload(&origin));
+            payloads.push(payload::resync_payload(&origin));
         }
-        let sent = sqlx::query(sql::NOTIFY)
-            .bind(&channel)
-            .bind(payloads)
-            .execute(&pool)
-            .await;
-        match sent {
+        match sink.send(payloads).await {
             Ok(_) => backoff = Duration::from_millis(100),
             Err(err) => {
                 if outbox.closed.load(Ordering::SeqCst) {

@@ -1,0 +1,333 @@
+//! Every statement the store runs, written once as a template (see
+//! `dialect`) and rendered per backend into [`Statements`]. A backend keeps
+//! its rendering in a `static`, so statements are `&'static str`, built once
+//! per process.
+
+use super::dialect::{BulkForm, Dialect, Ladder, marks, value_rows};
+use super::rows::{
+    ATTEMPT_COLUMNS, CALLBACK_COLUMNS, SCHEDULE_BODY, SCHEDULE_READ, TASK_BODY, TASK_KEYS,
+    TASK_MUTABLE, TASK_READ, assignments, names, row_marks,
+};
+
+/// The rendered statements of one dialect. Field names say what each does;
+/// the templates below say how.
+#[derive(Debug)]
+pub struct Statements {
+    /// The dialect's bulk compare-and-set form.
+    pub bulk: BulkForm,
+    pub ping: String,
+    pub get_task: String,
+    pub lock_task: String,
+    pub attempts_of: String,
+    pub callback_of: String,
+    /// Listings, indexed by [`list_index`].
+    pub list: [String; 8],
+    pub due: String,
+    pub in_flight: String,
+    pub in_flight_of: String,
+    pub next_due: String,
+    pub ready_counts: String,
+    pub update_task: String,
+    pub close_attempt: String,
+    pub raise_fence: String,
+    pub fence_token: String,
+    pub claim_first: String,
+    pub claim_after: String,
+    pub claim_callbacks: String,
+    pub finish_callback: String,
+    pub callback_exists: String,
+    pub next_callback: String,
+    pub insert_schedule: String,
+    pub update_schedule: String,
+    pub get_schedule: String,
+    pub list_schedules: String,
+    pub schedule_exists: String,
+    pub delete_fires: String,
+    pub delete_schedule: String,
+    pub due_schedules: String,
+    pub next_schedule_due: String,
+    pub awaiting_run_end: String,
+    pub insert_fire: String,
+    pub recent_fires: String,
+    /// `SELECT` tasks by id, for `IN` lists of ladder sizes.
+    pub tasks_by_id: Ladder,
+    /// The same, locking the rows in id order.
+    pub lock_tasks: Ladder,
+    pub tasks_by_request_id: Ladder,
+    pub attempts_of_many: Ladder,
+    pub callbacks_of_many: Ladder,
+    pub lease_callbacks: Ladder,
+    pub insert_tasks: Ladder,
+    pub insert_attempts: Ladder,
+    pub insert_callbacks: Ladder,
+    /// The bulk compare-and-set of [`TASK_MUTABLE`] (see [`BulkForm`]).
+    pub update_tasks: Ladder,
+    pub close_attempts: Ladder,
+}
+
+/// The index into [`Statements::list`] for a filter on state, handler and
+/// a `before_id` cursor.
+pub fn list_index(state: bool, handler: bool, before: bool) -> usize {
+    usize::from(state) | usize::from(handler) << 1 | usize::from(before) << 2
+}
+
+fn list_template(i: usize) -> String {
+    let mut conditions = Vec::new();
+    if i & 1 != 0 {
+        conditions.push("state = ?");
+    }
+    if i & 2 != 0 {
+        conditions.push("handler = ?");
+    }
+    if i & 4 != 0 {
+        conditions.push("id < ?");
+    }
+    let filter = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conditions.join(" AND "))
+    };
+    format!("SELECT {TASK_READ} FROM tasks{filter} ORDER BY id DESC LIMIT ?")
+}
+
+impl Statements {
+    /// Renders every statement for `d`.
+    pub fn render(d: &'static Dialect) -> Self {
+        let r = |t: &str| d.render(t);
+        let schedule_cols = format!("id, {}", names(&SCHEDULE_BODY));
+        Self {
+            bulk: d.bulk,
+            ping: r("SELECT 1 AS one"),
+            get_task: r(&format!("SELECT {TASK_READ} FROM tasks WHERE id = ?")),
+            lock_task: r(&format!(
+                "SELECT {TASK_READ} FROM tasks WHERE id = ?{{lock}}"
+            )),
+            attempts_of: r(&format!(
+                "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE task_id = ? ORDER BY number"
+            )),
+            callback_of: r(&format!(
+                "SELECT {CALLBACK_COLUMNS} FROM callbacks WHERE task_id = ?"
+            )),
+            list: std::array::from_fn(|i| r(&list_template(i))),
+            due: r(&format!(
+                "SELECT {TASK_READ} FROM tasks WHERE next_at IS NOT NULL AND next_at <= ? \
+                 AND {{due_state}} IN ('PENDING', 'RETRYING', 'DISPATCHING', 'RUNNING') \
+                 ORDER BY next_at, id LIMIT ?"
+            )),
+            in_flight: r(&format!(
+                "SELECT {TASK_READ} FROM tasks WHERE state IN ('DISPATCHING', 'RUNNING') \
+                 ORDER BY id"
+            )),
+            in_flight_of: r(&format!(
+                "SELECT {TASK_READ} FROM tasks WHERE state IN ('DISPATCHING', 'RUNNING') \
+                 AND worker_id = ? ORDER BY id"
+            )),
+            next_due: r("SELECT MIN(next_at) AS v FROM tasks WHERE next_at IS NOT NULL"),
+            ready_counts: r("SELECT handler, COUNT(*) AS n FROM {ready_from} \
+                 WHERE state = 'READY' GROUP BY handler ORDER BY handler"),
+            update_task: r(&format!(
+                "UPDATE tasks SET {} WHERE id = ? AND version = ?",
+                assignments(&TASK_BODY)
+            )),
+            close_attempt: r(
+                "UPDATE attempts SET ended_at = ?, outcome = ?, message = ? \
+                 WHERE task_id = ? AND execution_id = ?",
+            ),
+            raise_fence: r("UPDATE fences SET token = ? WHERE name = 'leader' AND token <= ?"),
+            fence_token: r("SELECT token FROM fences WHERE name = 'leader'"),
+            claim_first: r(&format!(
+                "SELECT {TASK_READ} FROM tasks WHERE state = 'READY' AND handler = ? \
+                 ORDER BY priority DESC, id LIMIT ?{{skip_locked}}"
+            )),
+            claim_after: r(&format!(
+                "SELECT {TASK_READ} FROM tasks WHERE state = 'READY' AND handler = ? \
+                 AND priority <= ? AND (priority < ? OR id > ?) \
+                 ORDER BY priority DESC, id LIMIT ?{{skip_locked}}"
+            )),
+            claim_callbacks: r(&format!(
+                "SELECT {CALLBACK_COLUMNS} FROM callbacks WHERE state = 'PENDING' \
+                 AND next_attempt_at <= ? ORDER BY next_attempt_at, delivery_id \
+                 LIMIT ?{{skip_locked}}"
+            )),
+            finish_callback: r("UPDATE callbacks SET state = ?, attempts = attempts + 1, \
+                 last_error = ?, next_attempt_at = ?, delivered_at = ? \
+                 WHERE delivery_id = ? AND state = 'PENDING'"),
+            callback_exists: r("SELECT 1 AS one FROM callbacks WHERE delivery_id = ?"),
+            next_callback: r("SELECT MIN(next_attempt_at) AS v FROM callbacks \
+                 WHERE state = 'PENDING'"),
+            insert_schedule: r(&format!(
+                "INSERT INTO schedules ({schedule_cols}) VALUES (?, {})",
+                row_marks(&SCHEDULE_BODY)
+            )),
+            update_schedule: r(&format!(
+                "UPDATE schedules SET {} WHERE id = ? AND version = ?",
+                assignments(&SCHEDULE_BODY)
+            )),
+            get_schedule: r(&format!(
+                "SELECT {SCHEDULE_READ} FROM schedules WHERE id = ?"
+            )),
+            list_schedules: r(&format!(
+                "SELECT {SCHEDULE_READ} FROM schedules WHERE id > ? ORDER BY id LIMIT ?"
+            )),
+            schedule_exists: r("SELECT 1 AS one FROM schedules WHERE id = ?"),
+            delete_fires: r("DELETE FROM schedule_fires WHERE schedule_id = ?"),
+            delete_schedule: r("DELETE FROM schedules WHERE id = ?"),
+            due_schedules: r(&format!(
+                "SELECT {SCHEDULE_READ} FROM schedules WHERE next_fire_at IS NOT NULL \
+                 AND paused = {{false}} AND next_fire_at <= ? ORDER BY next_fire_at, id LIMIT ?"
+            )),
+            next_schedule_due: r("SELECT MIN(next_fire_at) AS v FROM schedules \
+                 WHERE next_fire_at IS NOT NULL AND paused = {false}"),
+            awaiting_run_end: r(&format!(
+                "SELECT {SCHEDULE_READ} FROM schedules WHERE kind = 'FIXED_DELAY' \
+                 AND next_fire_at IS NULL AND paused = {{false}} AND last_task_id IS NOT NULL \
+                 ORDER BY id LIMIT ?"
+            )),
+            insert_fire: r(&format!(
+                "INSERT INTO schedule_fires (schedule_id, fire_at, handled_at, outcome, task_id) \
+                 VALUES (?, ?, ?, ?, ?){}",
+                d.ignoring_duplicates(&["schedule_id", "fire_at"])
+            )),
+            recent_fires: r(
+                "SELECT fire_at, handled_at, outcome, task_id FROM schedule_fires \
+                 WHERE schedule_id = ? ORDER BY fire_at DESC LIMIT ?",
+            ),
+            tasks_by_id: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "SELECT {TASK_READ} FROM tasks WHERE id IN ({})",
+                    marks(n)
+                ))
+            }),
+            lock_tasks: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "SELECT {TASK_READ} FROM tasks WHERE id IN ({}) ORDER BY id{{lock}}",
+                    marks(n)
+                ))
+            }),
+            tasks_by_request_id: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "SELECT {TASK_READ} FROM tasks WHERE client_request_id IN ({})",
+                    marks(n)
+                ))
+            }),
+            attempts_of_many: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE task_id IN ({}) \
+                     ORDER BY task_id, number",
+                    marks(n)
+                ))
+            }),
+            callbacks_of_many: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "SELECT {CALLBACK_COLUMNS} FROM callbacks WHERE task_id IN ({})",
+                    marks(n)
+                ))
+            }),
+            lease_callbacks: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "UPDATE callbacks SET next_attempt_at = ? WHERE delivery_id IN ({})",
+                    marks(n)
+                ))
+            }),
+            insert_tasks: Ladder::new(d, |d, n| {
+                let row = format!("({}, {})", marks(TASK_KEYS.len()), row_marks(&TASK_BODY));
+                let cols = format!("{}, {}", TASK_KEYS.join(", "), names(&TASK_BODY));
+                d.render(&format!(
+                    "INSERT INTO tasks ({cols}) VALUES {}",
+                    vec![row; n].join(", ")
+                ))
+            }),
+            insert_attempts: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES {}",
+                    value_rows(n, 8)
+                ))
+            }),
+            insert_callbacks: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "INSERT INTO callbacks ({CALLBACK_COLUMNS}) VALUES {}",
+                    value_rows(n, 9)
+                ))
+            }),
+            update_tasks: Ladder::new(d, update_tasks_sql),
+            close_attempts: Ladder::new(d, close_attempts_sql),
+        }
+    }
+}
+
+/// The bulk compare-and-set of `n` tasks: binds, per row, the id, the
+/// expected version and the [`TASK_MUTABLE`] columns.
+fn update_tasks_sql(d: &Dialect, n: usize) -> String {
+    let mut cols = vec!["id", "expected"];
+    cols.extend(TASK_MUTABLE);
+    let sets = |prefix: &str, src: &dyn Fn(usize, &str) -> String| {
+        TASK_MUTABLE
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{prefix}{c} = {}", src(i + 3, c)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let sql = match d.bulk {
+        BulkForm::ValuesNumbered => format!(
+            "UPDATE tasks SET {} FROM (VALUES {}) AS v \
+             WHERE tasks.id = v.column1 AND tasks.version = v.column2 RETURNING tasks.id",
+            sets("", &|i, _| format!("v.column{i}")),
+            value_rows(n, cols.len())
+        ),
+        BulkForm::ValuesAliased => format!(
+            "UPDATE tasks AS t SET {} FROM (VALUES {}) AS v({}) \
+             WHERE t.id = v.id AND t.version = v.expected RETURNING t.id",
+            sets("", &|_, c| format!("v.{c}")),
+            value_rows(n, cols.len()),
+            cols.join(", ")
+        ),
+        BulkForm::JoinUnion => format!(
+            "UPDATE tasks t JOIN ({}) v ON t.id = v.id AND t.version = v.expected SET {}",
+            union_rows(n, &cols),
+            sets("t.", &|_, c| format!("v.{c}"))
+        ),
+    };
+    d.render(&sql)
+}
+
+/// Closes `n` attempts: binds, per row, task id, execution id, end time,
+/// outcome and message.
+fn close_attempts_sql(d: &Dialect, n: usize) -> String {
+    let cols = ["task_id", "execution_id", "ended_at", "outcome", "message"];
+    let sql = match d.bulk {
+        BulkForm::ValuesNumbered => format!(
+            "UPDATE attempts SET ended_at = v.column3, outcome = v.column4, \
+             message = v.column5 FROM (VALUES {}) AS v WHERE attempts.task_id = v.column1 \
+             AND attempts.execution_id = v.column2",
+            value_rows(n, cols.len())
+        ),
+        BulkForm::ValuesAliased => format!(
+            "UPDATE attempts AS a SET ended_at = v.ended_at, outcome = v.outcome, \
+             message = v.message FROM (VALUES {}) AS v({}) WHERE a.task_id = v.task_id \
+             AND a.execution_id = v.execution_id",
+            value_rows(n, cols.len()),
+            cols.join(", ")
+        ),
+        BulkForm::JoinUnion => format!(
+            "UPDATE attempts a JOIN ({}) v ON a.task_id = v.task_id \
+             AND a.execution_id = v.execution_id SET a.ended_at = v.ended_at, \
+             a.outcome = v.outcome, a.message = v.message",
+            union_rows(n, &cols)
+        ),
+    };
+    d.render(&sql)
+}
+
+/// `SELECT ? AS a, ? AS b UNION ALL SELECT ?, ? …`: `n` rows of `cols`.
+fn union_rows(n: usize, cols: &[&str]) -> String {
+    let first = cols
+        .iter()
+        .map(|c| format!("? AS {c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rest = marks(cols.len());
+    let mut rows = vec![format!("SELECT {first}")];
+    rows.extend((1..n).map(|_| format!("SELECT {rest}")));
+    rows.join(" UNION ALL ")
+}

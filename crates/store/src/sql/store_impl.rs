@@ -1,0 +1,207 @@
+//! `impl Store for SqlStore<B>`: each method is one of the algorithms of
+//! the sibling modules, so every backend behaves the same by construction.
+
+use async_trait::async_trait;
+use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
+use taskmesh_core::{CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, UnixMillis};
+use tokio::sync::broadcast;
+
+use super::backend::Backend;
+use super::tasks::sql_limit;
+use super::{SqlStore, args};
+use crate::{
+    Chooser, Created, Error, FireCommit, FireCommitted, Result, ScheduleChange, Store, TaskChange,
+    TaskFilter, TaskPage, decode,
+};
+
+#[async_trait]
+impl<B: Backend> Store for SqlStore<B> {
+    async fn create_task(
+        &self,
+        task: NewTask,
+        fingerprint: &str,
+        now: UnixMillis,
+    ) -> Result<Created> {
+        self.create_many(vec![(task, fingerprint.to_string())], now)
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::Internal("a create of one gave no result".into())))
+    }
+
+    async fn create_tasks(
+        &self,
+        tasks: Vec<(NewTask, String)>,
+        now: UnixMillis,
+    ) -> Result<Vec<Result<Created>>> {
+        self.create_many(tasks, now).await
+    }
+
+    async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>> {
+        self.get(id).await
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage> {
+        self.list(filter).await
+    }
+
+    async fn transition(&self, id: &str, event: &Event, now: UnixMillis) -> Result<TaskRecord> {
+        let events = [(id.to_string(), event.clone())];
+        self.transition_batch(&events, now, None)
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::Internal("a batch of one gave no result".into())))
+    }
+
+    async fn transition_many(
+        &self,
+        events: &[(String, Event)],
+        now: UnixMillis,
+        fence: Option<u64>,
+    ) -> Result<Vec<Result<TaskRecord>>> {
+        self.transition_batch(events, now, fence).await
+    }
+
+    async fn claim_ready(
+        &self,
+        handler: &str,
+        limit: usize,
+        now: UnixMillis,
+        chooser: &mut Chooser<'_>,
+    ) -> Result<Vec<TaskRecord>> {
+        self.claim(handler, limit, now, chooser).await
+    }
+
+    async fn due_tasks(&self, now: UnixMillis, limit: usize) -> Result<Vec<TaskRecord>> {
+        self.read_tasks(&self.sql().due, args![now, sql_limit(limit)])
+            .await
+    }
+
+    async fn in_flight(&self, worker_id: Option<&str>) -> Result<Vec<TaskRecord>> {
+        match worker_id {
+            None => self.read_tasks(&self.sql().in_flight, Vec::new()).await,
+            Some(w) => self.read_tasks(&self.sql().in_flight_of, args![w]).await,
+        }
+    }
+
+    async fn next_due_at(&self) -> Result<Option<UnixMillis>> {
+        self.read_instant(&self.sql().next_due).await
+    }
+
+    async fn ready_counts(&self) -> Result<Vec<(String, u64)>> {
+        let rows = self
+            .backend()
+            .read(&self.sql().ready_counts, Vec::new())
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let handler = decode::Columns::text(row, "handler");
+                let n = decode::Columns::int(row, "n");
+                match (handler, n) {
+                    (Ok(h), Ok(n)) => Ok((h, u64::try_from(n).unwrap_or(0))),
+                    (Err(e), _) | (_, Err(e)) => {
+                        Err(Error::Internal(format!("bad READY count row: {e}")))
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<TaskChange> {
+        self.channels().tasks.subscribe()
+    }
+
+    async fn claim_callbacks(
+        &self,
+        now: UnixMillis,
+        limit: usize,
+        lease_ms: i64,
+    ) -> Result<Vec<CallbackJob>> {
+        self.cb_claim(now, limit, lease_ms).await
+    }
+
+    async fn finish_callback(
+        &self,
+        delivery_id: &str,
+        outcome: &CallbackOutcome,
+        now: UnixMillis,
+    ) -> Result<bool> {
+        self.cb_finish(delivery_id, outcome, now).await
+    }
+
+    async fn next_callback_at(&self) -> Result<Option<UnixMillis>> {
+        self.read_instant(&self.sql().next_callback).await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.backend().read(&self.sql().ping, Vec::new()).await?;
+        Ok(())
+    }
+
+    async fn db_now(&self) -> Result<UnixMillis> {
+        self.backend().db_now().await
+    }
+
+    async fn create_schedule(&self, schedule: &ScheduleRecord) -> Result<()> {
+        self.sched_create(schedule).await
+    }
+
+    async fn get_schedule(&self, id: &str) -> Result<Option<ScheduleRecord>> {
+        self.sched_get(id).await
+    }
+
+    async fn list_schedules(
+        &self,
+        after_id: Option<&str>,
+        limit: u32,
+    ) -> Result<(Vec<ScheduleRecord>, Option<String>)> {
+        self.sched_list(after_id, limit).await
+    }
+
+    async fn update_schedule(
+        &self,
+        schedule: &ScheduleRecord,
+        expected_version: i64,
+    ) -> Result<bool> {
+        self.sched_update(schedule, expected_version).await
+    }
+
+    async fn delete_schedule(&self, id: &str) -> Result<bool> {
+        self.sched_delete(id).await
+    }
+
+    async fn due_schedules(&self, now: UnixMillis, limit: usize) -> Result<Vec<ScheduleRecord>> {
+        self.sched_due(now, limit).await
+    }
+
+    async fn next_schedule_due_at(&self) -> Result<Option<UnixMillis>> {
+        self.read_instant(&self.sql().next_schedule_due).await
+    }
+
+    async fn schedules_awaiting_run_end(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(ScheduleRecord, Option<TaskRecord>)>> {
+        self.sched_awaiting(limit).await
+    }
+
+    async fn commit_fires_many(
+        &self,
+        commits: Vec<FireCommit>,
+        now: UnixMillis,
+        fence: Option<u64>,
+    ) -> Result<Vec<Result<Option<FireCommitted>>>> {
+        self.sched_commit_many(commits, now, fence).await
+    }
+
+    async fn fence_token(&self) -> Result<u64> {
+        self.fence().await
+    }
+
+    async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>> {
+        self.sched_recent_fires(schedule_id, limit).await
+    }
+
+    fn subscribe_schedules(&self) -> broadcast::Receiver<ScheduleChange> {
+        self.channels().schedules.subscribe()
+    }
+}

@@ -1,0 +1,366 @@
+//! Creating and reading tasks: creates with idempotency (one transaction
+//! for a batch, rows in multi-row inserts, each entry answered as a lone
+//! create would be), reads of one snapshot, lists and the scheduler's
+//! queries.
+
+use std::collections::HashMap;
+
+use taskmesh_core::{AttemptRecord, CallbackDelivery, NewTask, TaskRecord, UnixMillis};
+
+use super::backend::{Backend, in_savepoint};
+use super::dialect::{chunks, in_lists};
+use super::rows::insert_args;
+use super::{SqlStore, args, statements::list_index};
+use crate::error::is_unique_violation;
+use crate::{Created, Error, Result, TaskChange, TaskFilter, TaskPage, decode, existing_or_taken};
+
+/// Largest page [`crate::Store::list_tasks`] returns.
+pub(super) const MAX_PAGE: u32 = 1000;
+
+/// A `usize` limit as an SQL `LIMIT` value.
+pub(super) fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+/// The task `id` without attempts; locked until the transaction ends where
+/// the dialect locks rows.
+pub(super) async fn lock_task<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    id: &str,
+) -> Result<Option<TaskRecord>> {
+    let rows = b.fetch(tx, &b.sql().lock_task, args![id]).await?;
+    rows.first().map(decode::task).transpose()
+}
+
+/// The attempts of task `id`, oldest first.
+async fn load_attempts<B: Backend>(b: &B, tx: &mut B::Tx, id: &str) -> Result<Vec<AttemptRecord>> {
+    let rows = b.fetch(tx, &b.sql().attempts_of, args![id]).await?;
+    rows.iter().map(|row| decode::attempt(row, id)).collect()
+}
+
+/// The callback outbox entry of task `id`, if any.
+async fn load_callback<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    id: &str,
+) -> Result<Option<CallbackDelivery>> {
+    let rows = b.fetch(tx, &b.sql().callback_of, args![id]).await?;
+    rows.first().map(decode::callback).transpose()
+}
+
+/// Fills in the attempts and callback of `task`.
+pub(super) async fn complete<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    mut task: TaskRecord,
+) -> Result<TaskRecord> {
+    task.attempts = load_attempts(b, tx, &task.id).await?;
+    task.callback = load_callback(b, tx, &task.id).await?;
+    Ok(task)
+}
+
+/// The tasks holding these idempotency keys (attempts and callback
+/// included), each with the fingerprint of the request that created it.
+pub(super) async fn holders<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    keys: &[&str],
+) -> Result<HashMap<String, (TaskRecord, String)>> {
+    let mut found = Vec::new();
+    for list in in_lists(keys) {
+        let n = list.len();
+        let values = list.into_iter().map(Into::into).collect();
+        for row in &b
+            .fetch(tx, b.sql().tasks_by_request_id.get(n), values)
+            .await?
+        {
+            found.push((decode::task(row)?, decode::fingerprint(row)?));
+        }
+    }
+    let mut out = HashMap::with_capacity(found.len());
+    for (task, fingerprint) in found {
+        let Some(key) = task.client_request_id.clone() else {
+            continue;
+        };
+        out.insert(key, (complete(b, tx, task).await?, fingerprint));
+    }
+    Ok(out)
+}
+
+/// Inserts task rows in multi-row statements. An error (a taken id or key)
+/// leaves the transaction to be rolled back.
+pub(super) async fn insert_rows<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    rows: &[(&TaskRecord, &str)],
+) -> Result<sqlx::Result<()>> {
+    let mut rest = rows;
+    for n in chunks(rows.len()) {
+        let (chunk, tail) = rest.split_at(n);
+        rest = tail;
+        let mut values = Vec::with_capacity(n * 37);
+        for (task, fingerprint) in chunk {
+            insert_args(task, fingerprint, &mut values)?;
+        }
+        if let Err(err) = b.exec(tx, b.sql().insert_tasks.get(n), values).await {
+            return Ok(Err(err));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// How one entry of a create is answered before anything is inserted.
+enum Plan {
+    Answered(Box<Result<Created>>),
+    Insert,
+}
+
+/// Decides each entry: a key held by a stored task answers with it (or is
+/// refused for another fingerprint); a key repeated in the batch answers
+/// against its first use; the rest are inserted.
+fn plan(
+    entries: &[(TaskRecord, String)],
+    mut holders: HashMap<String, (TaskRecord, String)>,
+) -> Vec<Plan> {
+    entries
+        .iter()
+        .map(|(task, fingerprint)| {
+            let Some(key) = &task.client_request_id else {
+                return Plan::Insert;
+            };
+            match holders.get(key) {
+                Some((stored, stored_fp)) => Plan::Answered(Box::new(existing_or_taken(
+                    stored.clone(),
+                    stored_fp,
+                    fingerprint,
+                ))),
+                None => {
+                    holders.insert(key.clone(), (task.clone(), fingerprint.clone()));
+                    Plan::Insert
+                }
+            }
+        })
+        .collect()
+}
+
+fn keys(entries: &[(TaskRecord, String)]) -> Vec<&str> {
+    let mut keys: Vec<&str> = entries
+        .iter()
+        .filter_map(|(t, _)| t.client_request_id.as_deref())
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
+impl<B: Backend> SqlStore<B> {
+    /// `Store::create_tasks`: the whole batch in one transaction; if the
+    /// database refuses a row of it (an id or key taken meanwhile), again
+    /// with each row alone, so only that entry fails.
+    pub(super) async fn create_many(
+        &self,
+        tasks: Vec<(NewTask, String)>,
+        now: UnixMillis,
+    ) -> Result<Vec<Result<Created>>> {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let entries: Vec<(TaskRecord, String)> = tasks
+            .into_iter()
+            .map(|(t, fp)| (t.into_record(now), fp))
+            .collect();
+        let answers = match self.create_batched(&entries).await? {
+            Some(answers) => answers,
+            None => self.create_one_by_one(&entries).await?,
+        };
+        let created: Vec<TaskChange> = answers
+            .iter()
+            .flatten()
+            .filter(|c| !c.existing)
+            .map(|c| TaskChange::of(&c.task))
+            .collect();
+        tracing::debug!(created = created.len(), "tasks created");
+        self.publish(&created, &[]);
+        Ok(answers)
+    }
+
+    /// The batch in multi-row inserts; `None` when the database refused a
+    /// row (nothing written).
+    async fn create_batched(
+        &self,
+        entries: &[(TaskRecord, String)],
+    ) -> Result<Option<Vec<Result<Created>>>> {
+        let b = self.backend();
+        let mut tx = b.begin_write().await?;
+        let held = holders(b, &mut tx, &keys(entries)).await?;
+        let plans = plan(entries, held);
+        let fresh: Vec<(&TaskRecord, &str)> = entries
+            .iter()
+            .zip(&plans)
+            .filter(|(_, p)| matches!(p, Plan::Insert))
+            .map(|((t, fp), _)| (t, fp.as_str()))
+            .collect();
+        match insert_rows(b, &mut tx, &fresh).await? {
+            Ok(()) => {}
+            Err(err) if crate::error::kind(&err).is_row_refusal() => {
+                tracing::debug!(error = %err, "batched insert refused a row; one by one");
+                return Ok(None);
+            }
+            Err(err) => return Err(err.into()),
+        }
+        b.commit(tx).await?;
+        Ok(Some(
+            entries
+                .iter()
+                .zip(plans)
+                .map(|((task, _), plan)| match plan {
+                    Plan::Answered(answer) => *answer,
+                    Plan::Insert => Ok(Created {
+                        task: task.clone(),
+                        existing: false,
+                    }),
+                })
+                .collect(),
+        ))
+    }
+
+    /// Each new row in a savepoint of its own: a row the database refuses
+    /// fails alone, answered from the task that holds its key if another
+    /// writer committed one meanwhile.
+    async fn create_one_by_one(
+        &self,
+        entries: &[(TaskRecord, String)],
+    ) -> Result<Vec<Result<Created>>> {
+        let b = self.backend();
+        let mut tx = b.begin_write().await?;
+        let held = holders(b, &mut tx, &keys(entries)).await?;
+        let mut answers = Vec::with_capacity(entries.len());
+        for ((task, fingerprint), plan) in entries.iter().zip(plan(entries, held)) {
+            if let Plan::Answered(answer) = plan {
+                answers.push(*answer);
+                continue;
+            }
+            let inserted = in_savepoint!(b, &mut tx, "create_row", {
+                insert_rows(b, &mut tx, &[(task, fingerprint)]).await?
+            });
+            answers.push(match inserted {
+                Ok(()) => Ok(Created {
+                    task: task.clone(),
+                    existing: false,
+                }),
+                Err(err) if is_unique_violation(&err) => {
+                    let key = task.client_request_id.as_deref();
+                    let found = match key {
+                        Some(key) => holders(b, &mut tx, &[key]).await?.remove(key),
+                        None => None,
+                    };
+                    match found {
+                        Some((stored, stored_fp)) => {
+                            existing_or_taken(stored, &stored_fp, fingerprint)
+                        }
+                        None => Err(Error::AlreadyExists(format!(
+                            "task {} already exists",
+                            task.id
+                        ))),
+                    }
+                }
+                Err(err) => Err(err.into()),
+            });
+        }
+        b.commit(tx).await?;
+        Ok(answers)
+    }
+
+    /// `Store::get_task`: the task, its attempts and its callback, read in
+    /// one snapshot.
+    pub(super) async fn get(&self, id: &str) -> Result<Option<TaskRecord>> {
+        let b = self.backend();
+        let mut tx = b.begin_read().await?;
+        let rows = b.fetch(&mut tx, &b.sql().get_task, args![id]).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let task = complete(b, &mut tx, decode::task(row)?).await?;
+        b.commit(tx).await?;
+        Ok(Some(task))
+    }
+
+    /// `Store::list_tasks`: a page, newest first, each ended task with its
+    /// callback, in one snapshot.
+    pub(super) async fn list(&self, filter: &TaskFilter) -> Result<TaskPage> {
+        let b = self.backend();
+        let limit = filter.limit.clamp(1, MAX_PAGE);
+        let i = list_index(
+            filter.state.is_some(),
+            filter.handler.is_some(),
+            filter.before_id.is_some(),
+        );
+        let mut values = Vec::new();
+        if let Some(state) = filter.state {
+            values.push(state.as_str().into());
+        }
+        if let Some(handler) = &filter.handler {
+            values.push(handler.into());
+        }
+        if let Some(before) = &filter.before_id {
+            values.push(before.into());
+        }
+        // One more than asked tells whether another page exists.
+        values.push((i64::from(limit) + 1).into());
+        let mut tx = b.begin_read().await?;
+        let rows = b.fetch(&mut tx, &b.sql().list[i], values).await?;
+        let mut tasks = rows.iter().map(decode::task).collect::<Result<Vec<_>>>()?;
+        let mut next_before_id = None;
+        if tasks.len() > limit as usize {
+            tasks.truncate(limit as usize);
+            next_before_id = tasks.last().map(|t| t.id.clone());
+        }
+        let ended: Vec<&str> = tasks
+            .iter()
+            .filter(|t| t.state.is_terminal() && !t.callback_url.is_empty())
+            .map(|t| t.id.as_str())
+            .collect();
+        let mut callbacks = HashMap::new();
+        for list in in_lists(&ended) {
+            let n = list.len();
+            let values = list.into_iter().map(Into::into).collect();
+            for row in b
+                .fetch(&mut tx, b.sql().callbacks_of_many.get(n), values)
+                .await?
+            {
+                let task_id = crate::decode::Columns::text(&row, "task_id")
+                    .map_err(|e| Error::Internal(format!("bad callbacks row: {e}")))?;
+                callbacks.insert(task_id, decode::callback(&row)?);
+            }
+        }
+        b.commit(tx).await?;
+        for task in &mut tasks {
+            task.callback = callbacks.remove(&task.id);
+        }
+        Ok(TaskPage {
+            tasks,
+            next_before_id,
+        })
+    }
+
+    /// Runs a query of task rows outside a transaction.
+    pub(super) async fn read_tasks(
+        &self,
+        sql: &'static str,
+        values: super::Args,
+    ) -> Result<Vec<TaskRecord>> {
+        let rows = self.backend().read(sql, values).await?;
+        rows.iter().map(decode::task).collect()
+    }
+
+    /// Runs a query whose one row holds an optional instant `v`.
+    pub(super) async fn read_instant(&self, sql: &'static str) -> Result<Option<UnixMillis>> {
+        let rows = self.backend().read(sql, Vec::new()).await?;
+        match rows.first() {
+            None => Ok(None),
+            Some(row) => crate::decode::Columns::opt_int(row, "v")
+                .map_err(|e| Error::Internal(format!("bad instant: {e}"))),
+        }
+    }
+}
