@@ -5,7 +5,9 @@
 //! [`store_conformance_suite!`](crate::store_conformance_suite) expands to
 //! one `#[tokio::test]` per scenario. The SQLite backend runs it in
 //! `tests/sqlite_conformance.rs`, the Postgres backend in
-//! `tests/postgres_conformance.rs` (each test in a schema of its own).
+//! `tests/postgres_conformance.rs` (each test in a schema of its own), the
+//! MySQL backend in `tests/mysql_conformance.rs` (a database each); the
+//! two cluster backends also run [`cluster_conformance_suite!`].
 //!
 //! This module is compiled always rather than behind a cargo feature: it
 //! adds no dependency (only tokio and core, which the crate uses anyway),
@@ -88,6 +90,22 @@ macro_rules! store_conformance_suite {
                 $crate::conformance::$scenario(&fixture).await;
             }
         )+
+    };
+}
+
+/// Expands to one `#[tokio::test]` per scenario of a store shared by
+/// several processes ([`cluster`]): each opens the fixture twice, as two
+/// replicas. For the backends meant for a cluster (Postgres, MySQL).
+#[macro_export]
+macro_rules! cluster_conformance_suite {
+    ($fixture:expr) => {
+        $crate::store_conformance_suite!(@each $fixture;
+            two_replicas_claiming_at_once_never_double_claim,
+            racing_batches_on_the_same_tasks_write_each_once,
+            two_replicas_never_claim_one_callback_twice,
+            changes_reach_the_other_replica_once,
+            store_clock_follows_the_database_clock,
+        );
     };
 }
 
@@ -216,6 +234,7 @@ mod batch_watch;
 mod callbacks;
 mod claims;
 mod clock;
+pub mod cluster;
 mod create_list;
 mod fence;
 mod lifecycle;
@@ -233,6 +252,11 @@ pub use callbacks::{
 };
 pub use claims::{claim_order_limit_and_chooser, concurrent_claimers_never_double_claim};
 pub use clock::store_clock_corrects_a_skewed_host;
+pub use cluster::{
+    changes_reach_the_other_replica_once, racing_batches_on_the_same_tasks_write_each_once,
+    store_clock_follows_the_database_clock, two_replicas_claiming_at_once_never_double_claim,
+    two_replicas_never_claim_one_callback_twice,
+};
 pub use create_list::{concurrent_idempotent_creates, idempotent_create, list_filters_and_paging};
 pub use fence::fenced_writes_from_an_old_leader_are_refused;
 pub use lifecycle::{

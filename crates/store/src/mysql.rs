@@ -32,6 +32,8 @@ use crate::{Error, Result, ScheduleChange, TaskChange};
 
 mod poll;
 pub mod scratch;
+#[cfg(test)]
+mod tests;
 
 /// The schema, embedded at compile time from `migrations/mysql`.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/mysql");

@@ -10,7 +10,7 @@ use taskmesh_core::{Event, RetryPolicy, TaskState};
 use super::{StoreFixture, T0, get};
 use crate::{FireCommit, Store};
 
-fn schedule(id: &str, next: Option<i64>) -> ScheduleRecord {
+pub(super) fn schedule(id: &str, next: Option<i64>) -> ScheduleRecord {
     ScheduleRecord {
         id: id.into(),
         name: format!("name-{id}"),
@@ -45,7 +45,7 @@ fn schedule(id: &str, next: Option<i64>) -> ScheduleRecord {
     }
 }
 
-fn fire_commit(store_sched: &ScheduleRecord, fire_at: i64, task_id: &str) -> FireCommit {
+pub(super) fn fire_commit(store_sched: &ScheduleRecord, fire_at: i64, task_id: &str) -> FireCommit {
     let mut next = store_sched.clone();
     next.version += 1;
     next.last_fire_at = Some(fire_at);

@@ -8,9 +8,8 @@ use sqlx::Row;
 use super::PostgresStore;
 use super::scratch::ScratchSchema;
 use crate::conformance::{T0, new_task};
-use crate::error::{Kind, kind};
 use crate::sql::list_index;
-use crate::{Claim, Error, Store, TaskFilter};
+use crate::Store;
 
 async fn store() -> (ScratchSchema, PostgresStore) {
     let schema = ScratchSchema::create()
@@ -129,78 +128,14 @@ async fn corrupt_rows_are_internal_errors_naming_the_task() {
         .await
         .expect("corrupt the row");
 
-    let batch = store
-        .transition_many(&[(task.id.clone(), taskmesh_core::Event::Due)], T0, None)
-        .await
-        .expect("the batch itself runs");
-    let errors = [
-        store.get_task(&task.id).await.expect_err("get"),
-        store
-            .list_tasks(&TaskFilter {
-                limit: 10,
-                ..TaskFilter::default()
-            })
-            .await
-            .expect_err("list"),
-        store
-            .transition(&task.id, &taskmesh_core::Event::Due, T0)
-            .await
-            .expect_err("transition"),
-        batch
-            .into_iter()
-            .next()
-            .expect("one result")
-            .expect_err("batch"),
-        store
-            .claim_ready("h", 1, T0, &mut |_| {
-                Some(Claim {
-                    execution_id: "e".into(),
-                    worker_id: "w".into(),
-                    ack_deadline: T0 + 1,
-                })
-            })
-            .await
-            .expect_err("claim"),
-    ];
-    for err in errors {
-        assert!(
-            matches!(&err, Error::Internal(text) if text.contains(&task.id)),
-            "{err:?}"
-        );
-    }
+    crate::sql::testing::corrupt_rows_are_internal_errors(&store, &task.id).await;
     finish(schema, store).await;
 }
 
-/// Postgres's SQLSTATEs land in the store's vocabulary: a taken key and a
-/// taken primary key (23505) are `AlreadyExists`, a refused statement
-/// otherwise `Internal`.
+/// Postgres's SQLSTATEs map to the store's vocabulary.
 #[tokio::test]
 async fn error_codes_map_to_the_store_vocabulary() {
     let (schema, store) = store().await;
-    let mut keyed = new_task("h");
-    keyed.client_request_id = Some("req".into());
-    store.create_task(keyed, "fp", T0).await.expect("create");
-    let other = store
-        .create_task(new_task("h"), "fp", T0)
-        .await
-        .expect("create")
-        .task;
-    let pool = &store.backend().pool;
-    let taken_key = sqlx::query("UPDATE tasks SET client_request_id = 'req' WHERE id = $1")
-        .bind(&other.id)
-        .execute(pool)
-        .await
-        .expect_err("the key is taken");
-    assert_eq!(kind(&taken_key), Kind::AlreadyExists, "{taken_key:?}");
-    let taken_id = sqlx::query("INSERT INTO fences (name, token) VALUES ('leader', 1)")
-        .execute(pool)
-        .await
-        .expect_err("the row exists");
-    assert_eq!(kind(&taken_id), Kind::AlreadyExists, "{taken_id:?}");
-    let bad = sqlx::query("SELECT nope FROM tasks")
-        .execute(pool)
-        .await
-        .expect_err("bad SQL");
-    assert_eq!(kind(&bad), Kind::Internal);
+    crate::sql::testing::error_codes_map_to_the_store_vocabulary(&store).await;
     finish(schema, store).await;
 }

@@ -100,3 +100,100 @@ impl<B: Backend> SqlStore<B> {
         &self.inner.channels
     }
 }
+
+/// Checks every backend's tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{Backend, SqlStore};
+    use crate::conformance::{T0, new_task};
+    use crate::error::{Kind, kind};
+    use crate::{Claim, Error, Store, TaskFilter};
+
+    /// A statement of the test, leaked to live as long as statements do.
+    fn statement(sql: String) -> &'static str {
+        Box::leak(sql.into_boxed_str())
+    }
+
+    /// The backend's error codes land in the store's vocabulary: a taken
+    /// key and a taken primary key are `AlreadyExists`, a statement the
+    /// database refuses otherwise `Internal`.
+    pub(crate) async fn error_codes_map_to_the_store_vocabulary<B: Backend>(store: &SqlStore<B>) {
+        let mut keyed = new_task("h");
+        keyed.client_request_id = Some("req".into());
+        store.create_task(keyed, "fp", T0).await.expect("create");
+        let other = store
+            .create_task(new_task("h"), "fp", T0)
+            .await
+            .expect("create")
+            .task;
+        let b = store.backend();
+        let taken_key = format!(
+            "UPDATE tasks SET client_request_id = 'req' WHERE id = '{}'",
+            other.id
+        );
+        // Each in a write transaction of its own, rolled back.
+        let refused = async |sql: &'static str| {
+            let mut tx = b.begin_write().await.expect("begin");
+            b.exec(&mut tx, sql, Vec::new())
+                .await
+                .expect_err("the statement must be refused")
+        };
+        let err = refused(statement(taken_key)).await;
+        assert_eq!(kind(&err), Kind::AlreadyExists, "{err:?}");
+        let taken_id = "INSERT INTO fences (name, token) VALUES ('leader', 1)";
+        let err = refused(taken_id).await;
+        assert_eq!(kind(&err), Kind::AlreadyExists, "{err:?}");
+        let err = refused("SELECT nope FROM tasks").await;
+        assert_eq!(kind(&err), Kind::Internal, "{err:?}");
+    }
+
+    /// `task_id`'s row has been corrupted past the database's constraints:
+    /// every read path and every write path that reads it (the batch
+    /// paths included) is an `Internal` error naming the task, never a
+    /// panic.
+    pub(crate) async fn corrupt_rows_are_internal_errors(store: &dyn Store, task_id: &str) {
+        let batch = store
+            .transition_many(
+                &[(task_id.to_string(), taskmesh_core::Event::Due)],
+                T0,
+                None,
+            )
+            .await
+            .expect("the batch itself runs");
+        let errors = [
+            store.get_task(task_id).await.expect_err("get"),
+            store
+                .list_tasks(&TaskFilter {
+                    limit: 10,
+                    ..TaskFilter::default()
+                })
+                .await
+                .expect_err("list"),
+            store
+                .transition(task_id, &taskmesh_core::Event::Due, T0)
+                .await
+                .expect_err("transition"),
+            batch
+                .into_iter()
+                .next()
+                .expect("one result")
+                .expect_err("batch"),
+            store
+                .claim_ready("h", 1, T0, &mut |_| {
+                    Some(Claim {
+                        execution_id: "e".into(),
+                        worker_id: "w".into(),
+                        ack_deadline: T0 + 1,
+                    })
+                })
+                .await
+                .expect_err("claim"),
+        ];
+        for err in errors {
+            assert!(
+                matches!(&err, Error::Internal(text) if text.contains(task_id)),
+                "{err:?}"
+            );
+        }
+    }
+}

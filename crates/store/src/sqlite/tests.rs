@@ -11,9 +11,8 @@ use tempfile::TempDir;
 
 use super::{SqliteOptions, SqliteStore};
 use crate::conformance::{T0, new_task};
-use crate::error::{Kind, kind};
 use crate::sql::list_index;
-use crate::{Claim, Error, Store, TaskFilter};
+use crate::{Claim, Store};
 
 async fn pragma(pool: &sqlx::SqlitePool, name: &str) -> String {
     let row = sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA {name}")))
@@ -116,64 +115,15 @@ async fn corrupt_rows_are_internal_errors_naming_the_task() {
         .await
         .expect("corrupt the row");
 
-    let errors = [
-        store.get_task(&task.id).await.expect_err("get"),
-        store
-            .list_tasks(&TaskFilter {
-                limit: 10,
-                ..TaskFilter::default()
-            })
-            .await
-            .expect_err("list"),
-        store
-            .transition(&task.id, &taskmesh_core::Event::Due, T0)
-            .await
-            .expect_err("transition"),
-        store
-            .claim_ready("h", 1, T0, &mut |_| None)
-            .await
-            .expect_err("claim"),
-    ];
-    for err in errors {
-        assert!(
-            matches!(&err, Error::Internal(text) if text.contains(&task.id)),
-            "{err:?}"
-        );
-    }
+    crate::sql::testing::corrupt_rows_are_internal_errors(&store, &task.id).await;
 }
 
-/// SQLite's error codes land in the store's vocabulary: a taken key
-/// (CONSTRAINT_UNIQUE) and a taken primary key (CONSTRAINT_PRIMARYKEY) are
-/// `AlreadyExists`, a statement SQLite refuses otherwise `Internal`.
+/// SQLite's result codes map to the store's vocabulary.
 #[tokio::test]
 async fn error_codes_map_to_the_store_vocabulary() {
     let dir = TempDir::new().expect("tempdir");
     let store = SqliteStore::open_in(dir.path()).await.expect("open");
-    let mut keyed = new_task("h");
-    keyed.client_request_id = Some("req".into());
-    store.create_task(keyed, "fp", T0).await.expect("create");
-    let other = store
-        .create_task(new_task("h"), "fp", T0)
-        .await
-        .expect("create")
-        .task;
-    let writer = &store.backend().writer;
-    let taken_key = sqlx::query("UPDATE tasks SET client_request_id = 'req' WHERE id = ?")
-        .bind(&other.id)
-        .execute(writer)
-        .await
-        .expect_err("the key is taken");
-    assert_eq!(kind(&taken_key), Kind::AlreadyExists, "{taken_key:?}");
-    let taken_id = sqlx::query("INSERT INTO fences (name, token) VALUES ('leader', 1)")
-        .execute(writer)
-        .await
-        .expect_err("the row exists");
-    assert_eq!(kind(&taken_id), Kind::AlreadyExists, "{taken_id:?}");
-    let bad = sqlx::query("SELECT nope FROM tasks")
-        .execute(writer)
-        .await
-        .expect_err("bad SQL");
-    assert_eq!(kind(&bad), Kind::Internal);
+    crate::sql::testing::error_codes_map_to_the_store_vocabulary(&store).await;
 }
 
 /// Two stores on one file have two writers, like two processes: SQLite's
