@@ -56,7 +56,7 @@ pub const REDIS_PREFIX: &str = "TASKMESH_REDIS_PREFIX";
 pub const LEASE_TTL: &str = "TASKMESH_LEASE_TTL";
 /// Leader lease renew interval (`serve`, cluster mode), e.g. "3s".
 pub const LEASE_RENEW: &str = "TASKMESH_LEASE_RENEW";
-/// Postgres URL for the store (`serve`); unset means SQLite in the data dir.
+/// Database URL of the store (`serve`): postgres://, mysql:// or mariadb://; unset means SQLite in the data dir.
 pub const DATABASE_URL: &str = "TASKMESH_DATABASE_URL";
 /// Test-only fault hook (`serve`): a path; while a file exists there, a
 /// scheduler round about to commit schedule fires waits after its lease

@@ -107,10 +107,12 @@ struct ServeArgs {
     /// Tries per callback (the first included) before it is given up.
     #[arg(long, env = env::CALLBACK_MAX_ATTEMPTS, default_value_t = 15)]
     callback_max_attempts: u32,
-    /// Postgres URL for the store (cluster mode), e.g.
-    /// postgres://postgres@127.0.0.1:5432/taskmesh; unset uses SQLite in
-    /// --data-dir.
-    #[arg(long, env = env::DATABASE_URL)]
+    /// Database of the store for cluster mode: Postgres
+    /// (postgres://postgres@127.0.0.1:5432/taskmesh) or MySQL 8 / MariaDB
+    /// 10.6+ (mysql://root@127.0.0.1:3306/taskmesh, the database created
+    /// beforehand); unset uses SQLite in --data-dir. Prefer the variable
+    /// when the URL holds a password.
+    #[arg(long, env = env::DATABASE_URL, hide_env_values = true)]
     database_url: Option<String>,
     /// Redis URL for cluster coordination (leader lease with fencing token,
     /// worker registry across replicas), e.g. redis://127.0.0.1:6379; unset

@@ -16,7 +16,8 @@ use taskmesh_dispatcher::{DispatchStats, Dispatcher, DispatcherOptions};
 use taskmesh_gateway::{Gateway, GatewayOptions, Readiness};
 use taskmesh_scheduler::{Scheduler, SchedulerOptions};
 use taskmesh_store::{
-    Metered, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, Store, StoreClock,
+    DatabaseKind, Metered, MysqlOptions, MysqlStore, PostgresOptions, PostgresStore, SqliteOptions,
+    SqliteStore, Store, StoreClock,
 };
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -46,7 +47,8 @@ pub struct NodeOptions {
     /// Redis for coordination across replicas (leader lease, worker
     /// registry); `None` coordinates in process (a single node).
     pub redis: Option<RedisOptions>,
-    /// Postgres URL for the store; `None` uses SQLite in `data_dir`.
+    /// Postgres or MySQL/MariaDB URL for the store; `None` uses SQLite in
+    /// `data_dir`.
     pub database_url: Option<String>,
 }
 
@@ -215,11 +217,22 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     let metrics = crate::telemetry::prometheus();
     let (store, clock): (Arc<dyn Store>, Arc<dyn Clock>) = match &opts.database_url {
         Some(url) => {
-            let store: Arc<dyn Store> = Arc::new(Metered::new(
-                PostgresStore::connect(PostgresOptions::new(url.clone()))
-                    .await
-                    .context("connecting to Postgres")?,
-            ));
+            let store: Arc<dyn Store> = match DatabaseKind::of_url(url) {
+                Some(DatabaseKind::Postgres) => Arc::new(Metered::new(
+                    PostgresStore::connect(PostgresOptions::new(url.clone()))
+                        .await
+                        .context("connecting to Postgres")?,
+                )),
+                Some(DatabaseKind::Mysql) => Arc::new(Metered::new(
+                    MysqlStore::connect(MysqlOptions::new(url.clone()))
+                        .await
+                        .context("connecting to MySQL/MariaDB")?,
+                )),
+                None => anyhow::bail!(
+                    "the database URL must start with postgres://, postgresql://, mysql:// \
+                     or mariadb:// (leave it unset for SQLite in the data directory)"
+                ),
+            };
             // Due-ness by the database's clock: a replica on a skewed host
             // still fires nothing early.
             let clock =

@@ -125,6 +125,31 @@ pub struct NewTask {
 }
 
 impl NewTask {
+    /// A task of `handler` due at `run_at`, with a fresh id and the
+    /// defaults of a request that names nothing else: an empty JSON object
+    /// as payload, priority 0, no labels, key or callback, the default
+    /// retry policy and a 60 s timeout. Change fields with struct update
+    /// syntax: `NewTask { priority: 5, ..NewTask::new("echo", now) }`.
+    pub fn new(handler: impl Into<String>, run_at: UnixMillis) -> Self {
+        Self {
+            id: crate::id::new_task_id(),
+            handler: handler.into(),
+            payload: b"{}".to_vec(),
+            content_type: "application/json".into(),
+            priority: 0,
+            labels: BTreeMap::new(),
+            routing_key: String::new(),
+            client_request_id: None,
+            callback_url: String::new(),
+            retry: RetryPolicy::default(),
+            timeout_ms: 60_000,
+            run_at,
+            traceparent: String::new(),
+            balancer: None,
+            schedule_id: None,
+        }
+    }
+
     /// A digest of everything the caller asked for, so a repeated
     /// `client_request_id` can be told apart from a different request. The id
     /// and `run_at` resolved from a relative delay are left out on purpose.

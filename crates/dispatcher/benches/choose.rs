@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use divan::Bencher;
-use taskmesh_core::{NewTask, RetryPolicy, Strategy};
+use taskmesh_core::{NewTask, Strategy};
 use taskmesh_dispatcher::balancer::{Candidate, Pick, StrategySet, hash};
 use taskmesh_dispatcher::{BalancerOptions, Registration, Registry};
 
@@ -89,20 +89,8 @@ fn reserve_and_finish_among_1000(bencher: Bencher, name: &str) {
     }
     let mut task = NewTask {
         id: "0190a4c0-0000-7000-8000-000000000000".into(),
-        handler: "echo".into(),
-        payload: Vec::new(),
-        content_type: String::new(),
-        priority: 0,
-        labels: BTreeMap::new(),
-        routing_key: String::new(),
-        client_request_id: None,
-        callback_url: String::new(),
-        retry: RetryPolicy::default(),
         timeout_ms: 1_000,
-        run_at: 0,
-        traceparent: String::new(),
-        balancer: None,
-        schedule_id: None,
+        ..NewTask::new("echo", 0)
     }
     .into_record(0);
     // Leave some load behind so the figures differ from stream to stream.

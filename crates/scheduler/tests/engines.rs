@@ -69,23 +69,7 @@ async fn start(kind: EngineKind) -> Run {
 }
 
 fn delayed(run_at: UnixMillis) -> NewTask {
-    NewTask {
-        id: id::new_task_id(),
-        handler: "echo".into(),
-        payload: vec![],
-        content_type: String::new(),
-        priority: 0,
-        labels: Default::default(),
-        routing_key: String::new(),
-        client_request_id: None,
-        callback_url: String::new(),
-        retry: RetryPolicy::default(),
-        timeout_ms: 60_000,
-        run_at,
-        traceparent: String::new(),
-        balancer: None,
-        schedule_id: None,
-    }
+    NewTask::new("echo", run_at)
 }
 
 fn every_second(clock: &SystemClock) -> ScheduleRecord {

@@ -420,15 +420,6 @@ async fn fixed_delay_waits_for_the_run_to_end() {
 
 async fn submit(f: &Fixture, timeout_ms: i64) -> TaskRecord {
     let task = NewTask {
-        id: id::new_task_id(),
-        handler: "slow".into(),
-        payload: vec![],
-        content_type: String::new(),
-        priority: 0,
-        labels: Default::default(),
-        routing_key: String::new(),
-        client_request_id: None,
-        callback_url: String::new(),
         retry: RetryPolicy {
             max_attempts: 3,
             initial_backoff_ms: 2 * SEC,
@@ -436,10 +427,7 @@ async fn submit(f: &Fixture, timeout_ms: i64) -> TaskRecord {
             max_backoff_ms: 60 * SEC,
         },
         timeout_ms,
-        run_at: f.clock.now(),
-        traceparent: String::new(),
-        balancer: None,
-        schedule_id: None,
+        ..NewTask::new("slow", f.clock.now())
     };
     f.store
         .create_task(task, "fp", f.clock.now())

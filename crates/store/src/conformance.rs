@@ -20,12 +20,10 @@
 //! write call returns or within a bounded wait, and concurrency is checked by
 //! outcome (no task claimed twice), not by timing.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use taskmesh_core::id::new_task_id;
-use taskmesh_core::{CallbackState, Event, NewTask, RetryPolicy, TaskRecord, UnixMillis, apply};
+use taskmesh_core::{CallbackState, Event, NewTask, TaskRecord, UnixMillis, apply};
 
 use crate::{Store, TaskFilter};
 
@@ -114,23 +112,7 @@ pub const T0: UnixMillis = 1_700_000_000_000;
 
 /// A READY-at-`T0` task of `handler` with plain defaults.
 pub fn new_task(handler: &str) -> NewTask {
-    NewTask {
-        id: new_task_id(),
-        handler: handler.to_string(),
-        payload: b"{}".to_vec(),
-        content_type: "application/json".into(),
-        priority: 0,
-        labels: BTreeMap::new(),
-        routing_key: String::new(),
-        client_request_id: None,
-        callback_url: String::new(),
-        retry: RetryPolicy::default(),
-        timeout_ms: 60_000,
-        run_at: T0,
-        traceparent: String::new(),
-        balancer: None,
-        schedule_id: None,
-    }
+    NewTask::new(handler, T0)
 }
 
 fn dispatch(execution_id: &str, worker_id: &str, ack_deadline: UnixMillis) -> Event {

@@ -51,6 +51,35 @@ pub use types::{
 /// Result of store operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The server backend a database URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatabaseKind {
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `mysql://` or `mariadb://`.
+    Mysql,
+}
+
+impl DatabaseKind {
+    /// The backend of `url`, by its scheme; `None` for any other.
+    pub fn of_url(url: &str) -> Option<Self> {
+        let scheme = url.split_once("://")?.0.to_ascii_lowercase();
+        match scheme.as_str() {
+            "postgres" | "postgresql" => Some(Self::Postgres),
+            "mysql" | "mariadb" => Some(Self::Mysql),
+            _ => None,
+        }
+    }
+
+    /// The server's process name (for measuring its CPU).
+    pub fn server_process(self) -> &'static [&'static str] {
+        match self {
+            Self::Postgres => &["postgres"],
+            Self::Mysql => &["mariadbd", "mysqld"],
+        }
+    }
+}
+
 /// Durable task storage. Implementations pass the conformance suite of
 /// [`conformance`] (run with [`store_conformance_suite!`]).
 #[async_trait]

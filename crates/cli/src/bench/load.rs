@@ -24,12 +24,14 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use taskmesh::v1 as pb;
 use taskmesh_core::TaskState;
-use taskmesh_store::{Store, TaskFilter};
+use taskmesh_store::urls::redact;
+use taskmesh_store::{DatabaseKind, Store, TaskFilter};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use super::cpu;
+use super::scratch::Scratch;
 use crate::node::{self, NodeOptions, RunningNode};
 
 /// Where the workers run.
@@ -79,8 +81,9 @@ pub struct LoadArgs {
     pub submit_batch: usize,
     /// The store: a fresh SQLite database in a temporary directory when
     /// unset; `sqlite://DIR` for a (new) data directory of your choosing;
-    /// `postgres://…` for a Postgres server, where the bench creates a
-    /// database of its own next to the one named (and drops it after).
+    /// `postgres://…` or `mysql://…` (`mariadb://…`) for a server, where
+    /// the bench creates a database of its own next to the one named (and
+    /// drops it after).
     #[arg(long)]
     pub database_url: Option<String>,
     /// The `taskmesh` binary to start workers from (default: this one).
@@ -122,16 +125,6 @@ fn store_label(args: &LoadArgs) -> String {
     }
 }
 
-fn redact(url: &str) -> String {
-    // Never print a password.
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_string(),
-    }
-}
-
 /// CPU used during a measured window.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CpuReport {
@@ -144,8 +137,9 @@ pub struct CpuReport {
     pub workers_s: f64,
     /// The load generator's own thread.
     pub generator_s: f64,
-    /// The database server's processes (`postgres`, machine-wide), when
-    /// the store is Postgres; 0 for SQLite (it runs inside the server).
+    /// The database server's processes (`postgres`, `mariadbd`,
+    /// machine-wide), when the store is on a server; 0 for SQLite (it runs
+    /// inside the node).
     pub database_s: f64,
     /// server + workers + database, per task completed in the window, in µs.
     pub us_per_task: f64,
@@ -170,7 +164,7 @@ pub struct Rig {
     pub channel: Channel,
     workers: Workers,
     _dir: Option<tempfile::TempDir>,
-    scratch: Option<taskmesh_store::postgres::scratch::ScratchDatabase>,
+    scratch: Option<Scratch>,
     /// The store as measured (with the server's durability settings).
     pub store_label: String,
 }
@@ -197,23 +191,18 @@ impl Rig {
                 opts.data_dir = d.path().to_path_buf();
                 dir = Some(d);
             }
-            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                // A database of its own, dropped at the end.
-                let db = taskmesh_store::postgres::scratch::ScratchDatabase::create_on(url)
-                    .await
-                    .context("creating the bench database")?;
-                let (fsync, sync) = db.durability().await?;
-                store_label = format!(
-                    "postgres (own database on {}, fsync={fsync}, synchronous_commit={sync})",
-                    redact(url)
-                );
-                opts.database_url = Some(db.url().to_string());
-                scratch = Some(db);
-            }
-            Some(url) => match url.strip_prefix("sqlite://") {
-                Some(path) if !path.is_empty() => opts.data_dir = PathBuf::from(path),
+            Some(url) => match (DatabaseKind::of_url(url), url.strip_prefix("sqlite://")) {
+                (Some(kind), _) => {
+                    // A database of its own, dropped at the end.
+                    let (db, label) = Scratch::create(kind, url).await?;
+                    store_label = label;
+                    opts.database_url = Some(db.url().to_string());
+                    scratch = Some(db);
+                }
+                (None, Some(path)) if !path.is_empty() => opts.data_dir = PathBuf::from(path),
                 _ => anyhow::bail!(
-                    "--database-url {} is not supported: use postgres://…, sqlite://DIR or leave it unset",
+                    "--database-url {} is not supported: use postgres://…, mysql://…, \
+                     sqlite://DIR or leave it unset",
                     redact(url)
                 ),
             },
@@ -357,10 +346,14 @@ impl Rig {
     }
 
     fn database_cpu(&self) -> Duration {
-        if self.scratch.is_some() {
-            cpu::of_command("postgres")
-        } else {
-            Duration::ZERO
+        match &self.scratch {
+            Some(db) => db
+                .kind()
+                .server_process()
+                .iter()
+                .map(|name| cpu::of_command(name))
+                .sum(),
+            None => Duration::ZERO,
         }
     }
 

@@ -6,6 +6,7 @@ mod cpu;
 mod cron;
 mod latency;
 mod load;
+mod scratch;
 mod skew;
 mod throughput;
 

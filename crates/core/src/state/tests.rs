@@ -6,23 +6,12 @@ use crate::task::{NewTask, RetryPolicy};
 fn new_task(run_at: UnixMillis, max_attempts: u32) -> TaskRecord {
     NewTask {
         id: "t".into(),
-        handler: "echo".into(),
-        payload: vec![],
-        content_type: String::new(),
-        priority: 0,
-        labels: Default::default(),
-        routing_key: String::new(),
-        client_request_id: None,
-        callback_url: String::new(),
         retry: RetryPolicy {
             max_attempts,
             ..RetryPolicy::default()
         },
         timeout_ms: 1_000,
-        run_at,
-        traceparent: String::new(),
-        balancer: None,
-        schedule_id: None,
+        ..NewTask::new("echo", run_at)
     }
     .into_record(100)
 }

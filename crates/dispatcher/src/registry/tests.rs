@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use taskmesh_core::{NewTask, RetryPolicy, Strategy, TaskRecord};
+use taskmesh_core::{NewTask, Strategy, TaskRecord};
 use tokio::sync::mpsc;
 
 use super::*;
@@ -39,24 +39,13 @@ fn stream(
 
 fn task(handler: &str, labels: &[(&str, &str)], balancer: Option<Strategy>) -> TaskRecord {
     NewTask {
-        id: taskmesh_core::id::new_task_id(),
-        handler: handler.into(),
-        payload: Vec::new(),
-        content_type: String::new(),
-        priority: 0,
         labels: labels
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect::<BTreeMap<_, _>>(),
-        routing_key: String::new(),
-        client_request_id: None,
-        callback_url: String::new(),
-        retry: RetryPolicy::default(),
         timeout_ms: 1_000,
-        run_at: 0,
-        traceparent: String::new(),
         balancer,
-        schedule_id: None,
+        ..NewTask::new(handler, 0)
     }
     .into_record(0)
 }

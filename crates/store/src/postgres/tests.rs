@@ -7,9 +7,9 @@ use sqlx::Row;
 
 use super::PostgresStore;
 use super::scratch::ScratchSchema;
+use crate::Store;
 use crate::conformance::{T0, new_task};
 use crate::sql::list_index;
-use crate::Store;
 
 async fn store() -> (ScratchSchema, PostgresStore) {
     let schema = ScratchSchema::create()
