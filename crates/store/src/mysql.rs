@@ -207,7 +207,7 @@ impl SqlStore<MysqlBackend> {
                 }
                 _ => Error::from(err),
             })?;
-        MIGRATOR.run(&pool).await?;
+        migrate(&pool).await?;
         let channels = Arc::new(Channels::new());
         let mut transport = None;
         if opts.notify {
@@ -237,6 +237,33 @@ impl SqlStore<MysqlBackend> {
         }
         self.backend().pool.close().await;
     }
+}
+
+/// The name of the lock that serializes migrations of one database.
+const MIGRATION_LOCK: &str = "SELECT GET_LOCK(CONCAT('taskmesh-migrate:', DATABASE()), 60) AS got";
+
+/// Applies pending migrations under a lock of our own: sqlx's migrator asks
+/// for `GET_LOCK(…, -1)`, which MariaDB answers NULL at once (no infinite
+/// wait there) and sqlx ignores, so replicas starting together raced to
+/// apply the same migration. The lock is a session's, so the migrations run
+/// on the connection that holds it.
+async fn migrate(pool: &MySqlPool) -> Result<()> {
+    let mut conn = pool.acquire().await?;
+    let got: Option<i64> = sqlx::query_scalar(MIGRATION_LOCK)
+        .fetch_one(&mut *conn)
+        .await?;
+    if got != Some(1) {
+        return Err(Error::Unavailable(
+            "another process has held the migration lock of this database for 60 s".into(),
+        ));
+    }
+    let result = MIGRATOR.run(&mut *conn).await;
+    let released = sqlx::query("SELECT RELEASE_LOCK(CONCAT('taskmesh-migrate:', DATABASE()))")
+        .execute(&mut *conn)
+        .await;
+    result?;
+    released?;
+    Ok(())
 }
 
 #[async_trait]
