@@ -180,7 +180,26 @@ pub struct RunningNode {
     /// The dispatch engine's counters.
     pub dispatch_stats: Arc<DispatchStats>,
     shutdown: CancellationToken,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: Vec<Component>,
+}
+
+/// One part of a running node: its name and its task, which returns a
+/// failure as text (the part has logged it already).
+struct Component {
+    name: &'static str,
+    join: JoinHandle<Result<(), String>>,
+}
+
+impl Component {
+    fn spawn(
+        name: &'static str,
+        part: impl std::future::Future<Output = Result<(), String>> + Send + 'static,
+    ) -> Self {
+        Self {
+            name,
+            join: tokio::spawn(part),
+        }
+    }
 }
 
 impl RunningNode {
@@ -190,22 +209,32 @@ impl RunningNode {
     }
 
     /// Stops the node and waits for its parts to end (at most `grace`, then
-    /// they are aborted).
-    pub async fn stop(self, grace: Duration) {
+    /// they are aborted). Returns what went wrong, one line per part that
+    /// failed, panicked or had to be aborted (empty when all ended well).
+    pub async fn stop(self, grace: Duration) -> Vec<String> {
         self.shutdown.cancel();
-        self.wait(grace).await;
+        self.wait(grace).await
     }
 
-    /// Waits until the node's shutdown token is cancelled and its parts end.
-    pub async fn wait(self, grace: Duration) {
+    /// Waits until the node's shutdown token is cancelled and its parts end;
+    /// returns what went wrong, as [`stop`](Self::stop) does.
+    pub async fn wait(self, grace: Duration) -> Vec<String> {
         self.shutdown.cancelled().await;
         let deadline = tokio::time::Instant::now() + grace;
-        for mut task in self.tasks {
-            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
-                task.abort();
+        let mut failures = Vec::new();
+        for Component { name, mut join } in self.tasks {
+            match tokio::time::timeout_at(deadline, &mut join).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(err))) => failures.push(format!("{name} failed: {err}")),
+                Ok(Err(err)) => failures.push(format!("{name} panicked: {err}")),
+                Err(_) => {
+                    join.abort();
+                    failures.push(format!("{name} did not stop within {grace:?}"));
+                }
             }
         }
         info!("node stopped");
+        failures
     }
 }
 
@@ -316,40 +345,49 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
 
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(scheduler.run(shutdown.child_token())));
+    let scheduler_shutdown = shutdown.child_token();
+    tasks.push(Component::spawn("scheduler", async move {
+        scheduler.run(scheduler_shutdown).await;
+        Ok(())
+    }));
     let grpc_shutdown = shutdown.child_token();
-    tasks.push(tokio::spawn(async move {
-        if let Err(err) = dispatcher.serve(grpc, grpc_shutdown).await {
+    tasks.push(Component::spawn("grpc server", async move {
+        dispatcher.serve(grpc, grpc_shutdown).await.map_err(|err| {
             warn!(error = %err, "grpc server failed");
-        }
+            err.to_string()
+        })
     }));
     let http_shutdown = shutdown.child_token();
-    tasks.push(tokio::spawn(async move {
-        if let Err(err) = gateway.serve(http, http_shutdown).await {
+    tasks.push(Component::spawn("http server", async move {
+        gateway.serve(http, http_shutdown).await.map_err(|err| {
             warn!(error = %err, "http server failed");
-        }
+            err.to_string()
+        })
     }));
-    tasks.push(tokio::spawn(deliverer.run(shutdown.child_token())));
+    let deliverer_shutdown = shutdown.child_token();
+    tasks.push(Component::spawn("callback deliverer", async move {
+        deliverer.run(deliverer_shutdown).await;
+        Ok(())
+    }));
     if let Some(handle) = metrics {
         // Folds recorded histogram samples into their buckets between
         // scrapes, so memory stays bounded when nobody scrapes.
         let token = shutdown.child_token();
-        tasks.push(tokio::spawn(async move {
+        tasks.push(Component::spawn("metrics upkeep", async move {
             let mut tick = tokio::time::interval(Duration::from_secs(5));
             loop {
                 tokio::select! {
-                    _ = token.cancelled() => return,
+                    _ = token.cancelled() => return Ok(()),
                     _ = tick.tick() => handle.run_upkeep(),
                 }
             }
         }));
     }
     if let Some(slots) = opts.with_worker {
-        tasks.push(tokio::spawn(local_worker(
-            grpc_addr,
-            slots,
-            shutdown.child_token(),
-        )));
+        tasks.push(Component::spawn(
+            "local worker",
+            local_worker(grpc_addr, slots, shutdown.child_token()),
+        ));
     }
     info!(%grpc_addr, %http_addr, data_dir = %opts.data_dir.display(), "taskmesh node started");
     Ok(RunningNode {
@@ -410,7 +448,11 @@ fn readiness(store: Arc<dyn Store>, coord: Arc<dyn Coordinator>) -> Readiness {
         })
 }
 
-async fn local_worker(grpc_addr: SocketAddr, slots: u32, shutdown: CancellationToken) {
+async fn local_worker(
+    grpc_addr: SocketAddr,
+    slots: u32,
+    shutdown: CancellationToken,
+) -> Result<(), String> {
     let mut opts = taskmesh_worker::WorkerOptions::new(vec![format!("http://{grpc_addr}")]);
     opts.concurrency = slots;
     opts.name = "local".into();
@@ -420,7 +462,8 @@ async fn local_worker(grpc_addr: SocketAddr, slots: u32, shutdown: CancellationT
             worker.add_handler(*name, h);
         }
     }
-    if let Err(err) = worker.run(shutdown).await {
+    worker.run(shutdown).await.map_err(|err| {
         warn!(error = %err, "local worker failed");
-    }
+        err.to_string()
+    })
 }
