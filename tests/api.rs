@@ -1,12 +1,10 @@
 //! The TaskApi's promises at the front door: idempotent submit, clear errors
 //! for bad input with nothing written, cancel and watch.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use taskmesh::v1 as pb;
+use taskmesh_testkit::*;
 use tonic::Code;
 
 async fn count_tasks(
@@ -62,7 +60,7 @@ async fn the_same_client_request_id_yields_one_task() {
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
     assert!(err.message().contains("order-42"), "{}", err.message());
     assert_eq!(count_tasks(&mut api).await, 1);
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }
 
 #[tokio::test]
@@ -203,7 +201,7 @@ async fn malformed_requests_get_clear_errors_and_write_nothing() {
     assert_eq!(err.code(), Code::InvalidArgument);
 
     assert_eq!(count_tasks(&mut api).await, 0, "nothing was written");
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }
 
 #[tokio::test]
@@ -265,7 +263,7 @@ async fn a_waiting_task_is_cancelled_and_watchers_see_every_change() {
         .task
         .unwrap();
     assert_eq!(state(&again), pb::TaskState::Cancelled);
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }
 
 #[tokio::test]
@@ -292,17 +290,11 @@ async fn a_delayed_task_waits_pending_then_runs() {
     let t = resp.task.unwrap();
     assert_eq!(state(&t), pb::TaskState::Pending);
     let run_at = t.run_at.unwrap();
-    let done = wait_for(
-        "the delayed task to succeed",
+    let done = wait_task_state(
+        &api,
+        &resp.task_id,
+        pb::TaskState::Succeeded,
         Duration::from_secs(20),
-        || {
-            let mut api = api.clone();
-            let id = resp.task_id.clone();
-            async move {
-                let t = get(&mut api, &id).await;
-                (state(&t) == pb::TaskState::Succeeded).then_some(t)
-            }
-        },
     )
     .await;
     let started = done.attempts[0].start_time.unwrap();
@@ -311,9 +303,8 @@ async fn a_delayed_task_waits_pending_then_runs() {
         !early,
         "dispatched before its run_at: {started:?} < {run_at:?}"
     );
-    w.shutdown.cancel();
-    let _ = w.join.await;
-    node.stop(Duration::from_secs(5)).await;
+    w.stop().await;
+    stop_node(node).await;
 }
 
 #[tokio::test]
@@ -369,5 +360,5 @@ async fn a_batch_submit_answers_each_entry_and_writes_the_valid_ones() {
         .await
         .expect_err("an empty batch is refused");
     assert_eq!(err.code(), Code::InvalidArgument);
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }

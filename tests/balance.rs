@@ -2,16 +2,15 @@
 //! per handler and overridden per task, label filters, and BUSY failover
 //! that neither spins nor loses the task while nobody has room.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::*;
 use taskmesh::v1 as pb;
 use taskmesh_core::Strategy;
+use taskmesh_testkit::raw;
+use taskmesh_testkit::*;
 
-const QUIET: Duration = Duration::from_millis(300);
+const LIMIT: Duration = Duration::from_secs(10);
 
 fn request(handler: &str, routing_key: &str, labels: &[(&str, &str)]) -> pb::SubmitTaskRequest {
     pb::SubmitTaskRequest {
@@ -40,24 +39,36 @@ async fn submit_req(
         .task_id
 }
 
-async fn wait_state(
+/// Waits until every task of `ids` is DISPATCHING; which worker each was
+/// claimed for (worker id → task ids), as GetTask tells.
+async fn placed_on(
     api: &taskmesh::v1::task_api_client::TaskApiClient<tonic::transport::Channel>,
-    id: &str,
-    want: pb::TaskState,
-) -> pb::Task {
-    wait_for(
-        &format!("task {id} to be {want:?}"),
-        Duration::from_secs(10),
-        || {
-            let mut api = api.clone();
-            let id = id.to_string();
-            async move {
-                let t = get(&mut api, &id).await;
-                (state(&t) == want).then_some(t)
-            }
-        },
-    )
-    .await
+    ids: &[String],
+) -> HashMap<String, Vec<String>> {
+    let mut placed: HashMap<String, Vec<String>> = HashMap::new();
+    for id in ids {
+        let t = wait_task_state(api, id, pb::TaskState::Dispatching, LIMIT).await;
+        placed.entry(t.worker_id).or_default().push(id.clone());
+    }
+    placed
+}
+
+/// Each worker received exactly the tasks it was claimed for: that many
+/// assignments read off its stream, then nothing more before a fence.
+async fn received_as_placed(workers: &mut [&mut RawWorker], placed: &HashMap<String, Vec<String>>) {
+    for w in workers.iter_mut() {
+        let mut want = placed.get(&w.worker_id).cloned().unwrap_or_default();
+        let mut got: Vec<String> = w
+            .assigns(want.len())
+            .await
+            .into_iter()
+            .map(|a| a.task_id)
+            .collect();
+        got.extend(w.fence().await.into_iter().map(|a| a.task_id));
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "the assignments {} received", w.worker_id);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,16 +89,13 @@ async fn handler_strategy_from_config_and_per_task_override_are_honoured() {
     for _ in 0..8 {
         ids.push(submit_req(&mut api, request("h", "customer-7", &[])).await);
     }
-    for id in &ids {
-        wait_state(&api, id, pb::TaskState::Dispatching).await;
-    }
-    let (ga, gb) = (a.drain_assigns(QUIET).await, b.drain_assigns(QUIET).await);
-    assert!(
-        (ga.len(), gb.len()) == (8, 0) || (ga.len(), gb.len()) == (0, 8),
-        "one routing key went to one worker: {} vs {}",
-        ga.len(),
-        gb.len()
+    let placed = placed_on(&api, &ids).await;
+    assert_eq!(
+        placed.len(),
+        1,
+        "one routing key went to one worker: {placed:?}"
     );
+    received_as_placed(&mut [&mut a, &mut b], &placed).await;
 
     // The same key with a per-task ROUND_ROBIN override alternates.
     let mut ids = Vec::new();
@@ -97,12 +105,19 @@ async fn handler_strategy_from_config_and_per_task_override_are_honoured() {
         ids.push(submit_req(&mut api, req).await);
     }
     for id in &ids {
-        let t = wait_state(&api, id, pb::TaskState::Dispatching).await;
+        let t = wait_task_state(&api, id, pb::TaskState::Dispatching, LIMIT).await;
         assert_eq!(t.balancer, pb::BalancerStrategy::RoundRobin as i32);
     }
-    let (ga, gb) = (a.drain_assigns(QUIET).await, b.drain_assigns(QUIET).await);
-    assert_eq!((ga.len(), gb.len()), (4, 4), "round robin shares evenly");
-    node.stop(Duration::from_secs(5)).await;
+    let placed = placed_on(&api, &ids).await;
+    let shares: Vec<usize> = ["wa", "wb"]
+        .iter()
+        .map(|w| placed.get(*w).map_or(0, Vec::len))
+        .collect();
+    assert_eq!(shares, [4, 4], "round robin shares evenly: {placed:?}");
+    received_as_placed(&mut [&mut a, &mut b], &placed).await;
+    a.close().await;
+    b.close().await;
+    stop_node(node).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,17 +134,16 @@ async fn tasks_go_only_to_workers_carrying_their_labels() {
     for _ in 0..5 {
         ids.push(submit_req(&mut api, request("h", "", &[("gpu", "a100")])).await);
     }
-    for id in &ids {
-        let t = wait_state(&api, id, pb::TaskState::Dispatching).await;
-        assert_eq!(t.worker_id, "gpu");
-    }
-    assert_eq!(gpu.drain_assigns(QUIET).await.len(), 5);
-    assert!(plain.drain_assigns(QUIET).await.is_empty());
+    let placed = placed_on(&api, &ids).await;
+    assert_eq!(placed.keys().collect::<Vec<_>>(), ["gpu"], "{placed:?}");
+    received_as_placed(&mut [&mut gpu, &mut plain], &placed).await;
 
-    // A label nobody carries: the task waits READY until such a worker joins.
+    // A label nobody carries: the task waits READY until such a worker
+    // joins. Three dispatch rounds after its submit, nothing was pushed.
     let id = submit_req(&mut api, request("h", "", &[("zone", "mars")])).await;
-    assert!(gpu.next_assign(QUIET).await.is_none());
-    assert!(plain.next_assign(QUIET).await.is_none());
+    raw::rounds(&node.dispatch_stats, 3).await;
+    assert!(gpu.fence().await.is_empty(), "pushed to gpu");
+    assert!(plain.fence().await.is_empty(), "pushed to plain");
     assert_eq!(state(&get(&mut api, &id).await), pb::TaskState::Ready);
     let mut mars =
         RawWorker::connect_with(node.grpc_addr, "mars", &["h"], 1, &[("zone", "mars")], 1).await;
@@ -138,7 +152,10 @@ async fn tasks_go_only_to_workers_carrying_their_labels() {
         .await
         .expect("assigned");
     assert_eq!(a.task_id, id);
-    node.stop(Duration::from_secs(5)).await;
+    gpu.close().await;
+    plain.close().await;
+    mars.close().await;
+    stop_node(node).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,11 +185,12 @@ async fn busy_fails_over_then_waits_without_spinning_and_loses_nothing() {
 
     // Every candidate refused: the task waits READY, nothing is claimed
     // and nothing pushed while no stream has room.
-    let t = wait_state(&api, &id, pb::TaskState::Ready).await;
+    let t = wait_task_state(&api, &id, pb::TaskState::Ready, LIMIT).await;
     assert_eq!(t.attempts.len(), 2);
     let claims_before = node.dispatch_stats.snapshot().1;
-    assert!(a.next_assign(Duration::from_millis(1_200)).await.is_none());
-    assert!(b.next_assign(QUIET).await.is_none());
+    raw::rounds(&node.dispatch_stats, 3).await;
+    assert!(a.fence().await.is_empty(), "pushed to wa while busy");
+    assert!(b.fence().await.is_empty(), "pushed to wb while busy");
     let claims_after = node.dispatch_stats.snapshot().1;
     assert_eq!(
         claims_after, claims_before,
@@ -191,12 +209,14 @@ async fn busy_fails_over_then_waits_without_spinning_and_loses_nothing() {
     assert_eq!(last.task_id, id);
     a.ack(&last).await;
     a.succeed(&last).await;
-    let t = wait_state(&api, &id, pb::TaskState::Succeeded).await;
+    let t = wait_task_state(&api, &id, pb::TaskState::Succeeded, LIMIT).await;
     let outcomes: HashMap<String, usize> = t.attempts.iter().fold(HashMap::new(), |mut m, at| {
         *m.entry(at.worker_id.clone()).or_default() += 1;
         m
     });
     assert_eq!(t.attempts.len(), 3, "{outcomes:?}");
     assert_eq!(outcomes.len(), 2, "both workers were tried: {outcomes:?}");
-    node.stop(Duration::from_secs(5)).await;
+    a.close().await;
+    b.close().await;
+    stop_node(node).await;
 }

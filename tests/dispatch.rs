@@ -1,13 +1,11 @@
 //! End to end over real gRPC on loopback, on a temporary SQLite file:
 //! submit → push → ACK → result, worker loss, ACK timeouts, least-active.
 
-mod common;
-
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::*;
 use taskmesh::v1::{self as pb, connect_response::Message as Out};
+use taskmesh_testkit::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_tasks_over_three_workers_each_run_exactly_once() {
@@ -84,94 +82,9 @@ async fn a_thousand_tasks_over_three_workers_each_run_exactly_once() {
         "work is spread over workers: {by_worker:?}"
     );
     for w in workers {
-        w.shutdown.cancel();
-        let _ = w.join.await;
+        w.stop().await;
     }
-    node.stop(Duration::from_secs(5)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tasks_of_a_killed_worker_process_finish_on_another_worker() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = start_node(node_options(dir.path())).await;
-    let mut api = api(node.grpc_addr).await;
-
-    // Worker A is a real process: SIGKILL takes its stream down mid-task.
-    let log = std::fs::File::create(dir.path().join("worker-a.log")).unwrap();
-    let mut a = Child(
-        std::process::Command::new(binary())
-            .args(["worker", "--server", &format!("http://{}", node.grpc_addr)])
-            .args([
-                "--handlers",
-                "sleep",
-                "--concurrency",
-                "4",
-                "--worker-id",
-                "worker-a",
-            ])
-            .env_remove("TASKMESH_SERVER")
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn worker"),
-    );
-    let ids: Vec<String> = {
-        let mut v = Vec::new();
-        for _ in 0..4 {
-            v.push(submit(&mut api, "sleep", br#"{"ms":4000}"#).await);
-        }
-        v
-    };
-    wait_for(
-        "4 tasks running on worker-a",
-        Duration::from_secs(30),
-        || {
-            let mut api = api.clone();
-            let ids = ids.clone();
-            async move {
-                for id in &ids {
-                    let t = get(&mut api, id).await;
-                    if state(&t) != pb::TaskState::Running || t.worker_id != "worker-a" {
-                        return None;
-                    }
-                }
-                Some(())
-            }
-        },
-    )
-    .await;
-    a.kill();
-
-    let ledger = Ledger::default();
-    let b = counting_worker(&[node.grpc_addr], "worker-b", 4, ledger);
-    for id in &ids {
-        let t = wait_for(
-            "task to succeed on worker-b",
-            Duration::from_secs(30),
-            || {
-                let mut api = api.clone();
-                let id = id.clone();
-                async move {
-                    let t = get(&mut api, &id).await;
-                    (state(&t) == pb::TaskState::Succeeded).then_some(t)
-                }
-            },
-        )
-        .await;
-        let first = &t.attempts[0];
-        assert_eq!(first.worker_id, "worker-a");
-        assert_eq!(
-            first.outcome,
-            pb::AttemptOutcome::WorkerLost as i32,
-            "{t:?}"
-        );
-        let last = t.attempts.last().unwrap();
-        assert_eq!(last.worker_id, "worker-b");
-        assert_eq!(last.outcome, pb::AttemptOutcome::Succeeded as i32);
-    }
-    b.shutdown.cancel();
-    let _ = b.join.await;
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,15 +117,7 @@ async fn a_push_never_acked_is_taken_back_and_sent_again() {
 
     let ledger = Ledger::default();
     let good = counting_worker(&[node.grpc_addr], "good", 1, ledger.clone());
-    let t = wait_for("the task to succeed", Duration::from_secs(30), || {
-        let mut api = api.clone();
-        let id = id.clone();
-        async move {
-            let t = get(&mut api, &id).await;
-            (state(&t) == pb::TaskState::Succeeded).then_some(t)
-        }
-    })
-    .await;
+    let t = wait_task_state(&api, &id, pb::TaskState::Succeeded, Duration::from_secs(30)).await;
     assert_eq!(t.attempts[0].outcome, pb::AttemptOutcome::AckTimeout as i32);
     assert_eq!(t.attempts[0].execution_id, first.execution_id);
     assert_eq!(t.attempts.last().unwrap().worker_id, "good");
@@ -230,9 +135,9 @@ async fn a_push_never_acked_is_taken_back_and_sent_again() {
         !receipt.accepted,
         "a stale ack must be refused: {receipt:?}"
     );
-    good.shutdown.cancel();
-    let _ = good.join.await;
-    node.stop(Duration::from_secs(5)).await;
+    good.stop().await;
+    silent.close().await;
+    stop_node(node).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,22 +167,44 @@ async fn new_tasks_go_to_the_streams_with_fewer_active_tasks() {
     for _ in 0..4 {
         new_ids.insert(submit(&mut api, "echo", b"{}").await);
     }
-    let mut got2 = Vec::new();
-    let mut got3 = Vec::new();
-    while got2.len() + got3.len() < 4 {
-        tokio::select! {
-            Some(a) = w2.next_assign(Duration::from_secs(10)) => got2.push(a.task_id),
-            Some(a) = w3.next_assign(Duration::from_secs(10)) => got3.push(a.task_id),
-            else => panic!("the new tasks were not all pushed"),
-        }
+    // Where each new task was claimed, as the store tells: w2 and w3 share
+    // the four, 2 and 2; w1 (3 active) gets none.
+    let mut placed: HashMap<String, HashSet<String>> = HashMap::new();
+    for id in &new_ids {
+        let t = wait_task_state(
+            &api,
+            id,
+            pb::TaskState::Dispatching,
+            Duration::from_secs(10),
+        )
+        .await;
+        placed.entry(t.worker_id).or_default().insert(id.clone());
     }
-    // w1 (3 active) must get none; w2 and w3 share the four: 2 and 2.
+    let share = |w: &str| placed.get(w).map_or(0, HashSet::len);
+    assert_eq!(
+        (share("w1"), share("w2"), share("w3")),
+        (0, 2, 2),
+        "{placed:?}"
+    );
+    // Each stream received exactly what it was claimed for.
+    for (w, raw) in [("w2", &mut w2), ("w3", &mut w3)] {
+        let mut got: HashSet<String> = raw
+            .assigns(2)
+            .await
+            .into_iter()
+            .map(|a| a.task_id)
+            .collect();
+        got.extend(raw.fence().await.into_iter().map(|a| a.task_id));
+        assert_eq!(got, placed[w], "what {w} received");
+    }
     assert!(
-        w1.next_assign(Duration::from_millis(300)).await.is_none(),
+        w1.fence().await.is_empty(),
         "the busy worker got a new task"
     );
-    assert_eq!((got2.len(), got3.len()), (2, 2), "w2 {got2:?} w3 {got3:?}");
-    let all: HashSet<String> = got2.into_iter().chain(got3).collect();
+    let all: HashSet<String> = placed.into_values().flatten().collect();
     assert_eq!(all, new_ids);
-    node.stop(Duration::from_secs(5)).await;
+    w1.close().await;
+    w2.close().await;
+    w3.close().await;
+    stop_node(node).await;
 }

@@ -4,61 +4,11 @@
 //! Metrics are process-wide (one recorder per process), so this file holds
 //! exactly one test: no other node in this process adds to the counts.
 
-mod common;
-
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::*;
 use taskmesh::v1 as pb;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
-
-/// One HTTP/1.1 GET over a plain socket: (status, body).
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.expect("read");
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
-    // Chunked or not, the figures are whole lines of the body.
-    (status, body.to_string())
-}
-
-/// The value of the sample `name` whose labels include `labels`, if any.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (metric, rest) = match series.split_once('{') {
-                Some((m, r)) => (m, r.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            if metric != name {
-                return None;
-            }
-            let have: BTreeMap<&str, &str> = rest
-                .split(',')
-                .filter_map(|kv| {
-                    let (k, v) = kv.split_once('=')?;
-                    Some((k, v.trim_matches('"')))
-                })
-                .collect();
-            labels
-                .iter()
-                .all(|(k, v)| have.get(k) == Some(v))
-                .then(|| value.parse().ok())?
-        })
-}
+use taskmesh_testkit::metrics::{http_get, sample};
+use taskmesh_testkit::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_after_a_small_run_agree_with_it() {
@@ -74,10 +24,8 @@ async fn metrics_after_a_small_run_agree_with_it() {
     let worker = taskmesh_worker::Worker::new(wopts)
         .handler("echo", taskmesh_worker::builtin::Echo)
         .handler("fail", taskmesh_worker::builtin::Fail);
-    let handle = worker.handle();
-    let stop = CancellationToken::new();
-    let running = tokio::spawn(worker.run(stop.child_token()));
-    assert!(handle.wait_connected(Duration::from_secs(10)).await);
+    let worker = TestWorker::spawn(worker);
+    assert!(worker.handle.wait_connected(Duration::from_secs(10)).await);
 
     // 20 echo tasks in one batch; one task failing twice with 2 attempts
     // (one retry, then FAILED); 3 tasks nobody serves (the queue).
@@ -145,7 +93,9 @@ async fn metrics_after_a_small_run_agree_with_it() {
         "the gauges to show 3 queued, 1 worker, nothing in flight",
         Duration::from_secs(10),
         || async {
-            let (status, text) = http_get(node.http_addr, "/metrics").await;
+            let (status, text) = http_get(node.http_addr, "/metrics")
+                .await
+                .expect("the node answers /metrics");
             assert_eq!(status, 200, "{text}");
             (sample(&text, "taskmesh_queue_depth", &[("handler", "nobody")]) == Some(3.0)
                 && sample(&text, "taskmesh_workers_connected", &[]) == Some(1.0)
@@ -222,7 +172,6 @@ async fn metrics_after_a_small_run_agree_with_it() {
         "histograms come with fixed buckets"
     );
 
-    stop.cancel();
-    let _ = running.await;
-    node.stop(Duration::from_secs(5)).await;
+    worker.stop().await;
+    stop_node(node).await;
 }

@@ -4,19 +4,17 @@
 //! (v1 and v1alpha) lists the contract's three services and serves their
 //! descriptors with the REST annotations intact.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
 use taskmesh_coord::{Coordinator, LocalCoordinator};
 use taskmesh_core::breaker::{BreakerOptions, Breakers};
 use taskmesh_core::{Clock, SystemClock};
 use taskmesh_dispatcher::{Dispatcher, DispatcherOptions, HEALTH_SERVICE_NAMES};
 use taskmesh_scheduler::{Scheduler, SchedulerOptions};
 use taskmesh_store::{SqliteStore, Store};
+use taskmesh_testkit::*;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -82,7 +80,7 @@ async fn health_answers_serving_for_the_server_and_each_service() {
     assert!(HEALTH_SERVICE_NAMES.contains(&"taskmesh.v1.Dispatcher"));
     let unknown = health_of(&mut health, "no.such.Service").await.unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }
 
 #[tokio::test]
@@ -162,7 +160,7 @@ async fn reflection_lists_the_contract_and_serves_its_descriptors() {
             "{service} missing from v1alpha {names:?}"
         );
     }
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }
 
 #[tokio::test]

@@ -9,19 +9,17 @@
 //! file holds exactly one test, and it sets the variable before any thread
 //! of its runtime exists.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
     trace_service_server::{TraceService, TraceServiceServer},
 };
 use opentelemetry_proto::tonic::trace::v1::Span;
 use taskmesh::v1 as pb;
-use tokio_util::sync::CancellationToken;
+use taskmesh_testkit::background::BackgroundServer;
+use taskmesh_testkit::*;
 use tonic::{Request, Response, Status};
 
 /// Collects every span it is sent.
@@ -68,11 +66,14 @@ fn one_trace_spans_submit_dispatch_run_and_complete() {
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
         let receiver = Receiver::default();
         let spans = receiver.spans.clone();
-        tokio::spawn(
+        let otlp = BackgroundServer::spawn("the OTLP receiver", |stop| {
             tonic::transport::Server::builder()
                 .add_service(TraceServiceServer::new(receiver))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    stop.cancelled_owned(),
+                )
+        });
 
         let guard = taskmesh_cli::telemetry::init_tracing("warn", false, "taskmesh-test");
         assert!(guard.exporting(), "the OTLP variable turns export on");
@@ -85,10 +86,8 @@ fn one_trace_spans_submit_dispatch_run_and_complete() {
         wopts.concurrency = 4;
         let worker =
             taskmesh_worker::Worker::new(wopts).handler("echo", taskmesh_worker::builtin::Echo);
-        let handle = worker.handle();
-        let stop = CancellationToken::new();
-        let running = tokio::spawn(worker.run(stop.child_token()));
-        assert!(handle.wait_connected(Duration::from_secs(10)).await);
+        let worker = TestWorker::spawn(worker);
+        assert!(worker.handle.wait_connected(Duration::from_secs(10)).await);
 
         let trace_id = uuid::Uuid::new_v4().simple().to_string();
         let caller_span = "00f067aa0ba902b7";
@@ -110,12 +109,12 @@ fn one_trace_spans_submit_dispatch_run_and_complete() {
             stored.starts_with(&format!("00-{trace_id}-")) && !stored.contains(caller_span),
             "the task stores the request span's context in the caller's trace: {stored}"
         );
-        wait_for("the task to succeed", Duration::from_secs(20), || {
-            let (mut api, id) = (api.clone(), submitted.task_id.clone());
-            async move {
-                (state(&get(&mut api, &id).await) == pb::TaskState::Succeeded).then_some(())
-            }
-        })
+        wait_task_state(
+            &api,
+            &submitted.task_id,
+            pb::TaskState::Succeeded,
+            Duration::from_secs(20),
+        )
         .await;
 
         let find = |all: &[Span], name: &str| {
@@ -158,9 +157,9 @@ fn one_trace_spans_submit_dispatch_run_and_complete() {
         assert!(complete.end_time_unix_nano >= run.end_time_unix_nano);
         assert!(run.start_time_unix_nano >= submit.start_time_unix_nano);
 
-        stop.cancel();
-        let _ = running.await;
-        node.stop(Duration::from_secs(5)).await;
+        worker.stop().await;
+        stop_node(node).await;
         drop(guard);
+        otlp.stop().await;
     });
 }

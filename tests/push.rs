@@ -3,16 +3,16 @@
 //! `Worker.Execute` calls; their loss, their place in the balancer, bad
 //! input to the push RPCs, and stale results.
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::*;
 use taskmesh::v1::{
     self as pb, dispatcher_client::DispatcherClient, task_api_client::TaskApiClient,
 };
+use taskmesh_testkit::background::BackgroundServer;
+use taskmesh_testkit::services::SharedRedis;
+use taskmesh_testkit::*;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
@@ -36,18 +36,6 @@ async fn workers(api: &mut TaskApiClient<Channel>) -> Vec<pb::WorkerInfo> {
         .expect("list workers")
         .into_inner()
         .workers
-}
-
-async fn wait_succeeded(api: &TaskApiClient<Channel>, id: &str) -> pb::Task {
-    wait_for(&format!("task {id} to succeed"), LIMIT, || {
-        let mut api = api.clone();
-        let id = id.to_string();
-        async move {
-            let t = get(&mut api, &id).await;
-            (state(&t) == pb::TaskState::Succeeded).then_some(t)
-        }
-    })
-    .await
 }
 
 fn registration(worker_id: &str, handlers: &[&str], capacity: u32) -> pb::WorkerRegistration {
@@ -80,7 +68,7 @@ async fn two_hundred_tasks_run_once_each_on_a_push_worker() {
         ids.push(submit(&mut api, "echo", format!("{{\"i\":{i}}}").as_bytes()).await);
     }
     for id in &ids {
-        let t = wait_succeeded(&api, id).await;
+        let t = wait_task_state(&api, id, pb::TaskState::Succeeded, LIMIT).await;
         assert_eq!(t.attempts.len(), 1, "{t:?}");
         assert_eq!(t.attempts[0].worker_id, "push-1");
     }
@@ -96,92 +84,13 @@ async fn two_hundred_tasks_run_once_each_on_a_push_worker() {
     }
 
     // A graceful stop deregisters: the worker leaves the list at once.
-    w.shutdown.cancel();
-    let _ = w.join.await;
+    w.stop().await;
     wait_for("the push worker to leave", LIMIT, || {
         let mut api = api.clone();
         async move { workers(&mut api).await.is_empty().then_some(()) }
     })
     .await;
-    node.stop(Duration::from_secs(5)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tasks_of_a_killed_push_worker_process_finish_elsewhere() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = fast_node(dir.path()).await;
-    let mut api = api(node.grpc_addr).await;
-
-    let ledger_file = dir.path().join("push-a.ledger");
-    let log = std::fs::File::create(dir.path().join("push-a.log")).unwrap();
-    let mut a = Child(
-        std::process::Command::new(binary())
-            .args(["worker", "--server", &format!("http://{}", node.grpc_addr)])
-            .args(["--push-listen", "127.0.0.1:0", "--handlers", "sleep"])
-            .args(["--concurrency", "4", "--worker-id", "push-a", "--ledger"])
-            .arg(&ledger_file)
-            .env_remove("TASKMESH_SERVER")
-            .env_remove("TASKMESH_PUSH_LISTEN")
-            .env_remove("TASKMESH_PUSH_ADVERTISE")
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn worker"),
-    );
-    wait_for("push-a to register", LIMIT, || {
-        let mut api = api.clone();
-        async move {
-            let w = workers(&mut api).await;
-            w.iter().any(|w| w.worker_id == "push-a").then_some(())
-        }
-    })
-    .await;
-    let mut ids = Vec::new();
-    for _ in 0..4 {
-        ids.push(submit(&mut api, "sleep", br#"{"ms":4000}"#).await);
-    }
-    wait_for("4 tasks running on push-a", LIMIT, || {
-        let mut api = api.clone();
-        let ids = ids.clone();
-        async move {
-            for id in &ids {
-                let t = get(&mut api, id).await;
-                if state(&t) != pb::TaskState::Running || t.worker_id != "push-a" {
-                    return None;
-                }
-            }
-            Some(())
-        }
-    })
-    .await;
-    a.kill();
-    let ran = std::fs::read_to_string(&ledger_file).unwrap();
-    for id in &ids {
-        assert!(ran.contains(id.as_str()), "push-a started {id}: {ran}");
-    }
-
-    let ledger = Ledger::default();
-    let b = counting_worker(&[node.grpc_addr], "worker-b", 4, ledger);
-    for id in &ids {
-        let t = wait_succeeded(&api, id).await;
-        let first = &t.attempts[0];
-        assert_eq!(first.worker_id, "push-a");
-        assert_eq!(
-            first.outcome,
-            pb::AttemptOutcome::WorkerLost as i32,
-            "{t:?}"
-        );
-        let last = t.attempts.last().unwrap();
-        assert_eq!(last.worker_id, "worker-b");
-        assert_eq!(last.outcome, pb::AttemptOutcome::Succeeded as i32);
-    }
-    // The lost push worker is gone from the list; the stream worker stays.
-    let listed = workers(&mut api).await;
-    let ids_listed: Vec<&str> = listed.iter().map(|w| w.worker_id.as_str()).collect();
-    assert_eq!(ids_listed, ["worker-b"]);
-    b.shutdown.cancel();
-    let _ = b.join.await;
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,13 +128,12 @@ async fn least_active_spreads_over_a_push_and_a_stream_worker() {
     assert_eq!(placed.get("push"), Some(&4), "{placed:?}");
     assert_eq!(placed.get("stream"), Some(&4), "{placed:?}");
     for id in &ids {
-        wait_succeeded(&api, id).await;
+        wait_task_state(&api, id, pb::TaskState::Succeeded, LIMIT).await;
     }
     for w in [push, stream] {
-        w.shutdown.cancel();
-        let _ = w.join.await;
+        w.stop().await;
     }
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }
 
 fn assert_code<T: std::fmt::Debug>(r: Result<T, Status>, code: Code, needle: &str) {
@@ -379,7 +287,7 @@ async fn bad_input_to_the_push_rpcs_is_refused_and_changes_nothing() {
 
     // Nothing was registered, cluster-wide or here.
     assert!(workers(&mut api).await.is_empty());
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }
 
 /// A `Worker` service driven by the test: it accepts every assignment and
@@ -428,14 +336,14 @@ impl pb::worker_server::Worker for Scripted {
 }
 
 /// Serves a scripted `Worker` on a free loopback port until the returned
-/// token is cancelled; returns its URL and the assignments it receives.
+/// server is stopped; returns its URL and the assignments it receives.
 async fn scripted(
     worker_id: &str,
     fail_execute: bool,
 ) -> (
     String,
     mpsc::UnboundedReceiver<pb::ExecuteRequest>,
-    tokio_util::sync::CancellationToken,
+    BackgroundServer,
 ) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -445,25 +353,25 @@ async fn scripted(
         seen,
         fail_execute,
     });
-    let stop = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(
+    let server = BackgroundServer::spawn("a scripted Worker service", |stop| {
         tonic::transport::Server::builder()
             .add_service(service)
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::TcpListenerStream::new(listener),
-                stop.clone().cancelled_owned(),
-            ),
-    );
-    (format!("http://{addr}"), rx, stop)
+                stop.cancelled_owned(),
+            )
+    });
+    (format!("http://{addr}"), rx, server)
 }
 
 /// Registers a scripted worker and keeps its registration fresh (as the SDK
-/// does) until the returned token is cancelled.
+/// does) until the returned refresher is stopped; a refresh that comes back
+/// with another session fails the refresher, and so the test at its stop.
 async fn register_scripted(
     d: &DispatcherClient<Channel>,
     reg: pb::WorkerRegistration,
     address: &str,
-) -> (String, tokio_util::sync::CancellationToken) {
+) -> (String, BackgroundServer) {
     let mut req = pb::RegisterPushWorkerRequest {
         registration: Some(reg),
         address: address.into(),
@@ -478,28 +386,32 @@ async fn register_scripted(
         .registered
         .expect("registered");
     let every: Duration = registered.heartbeat_interval.unwrap().try_into().unwrap();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let (mut d, token) = (d.clone(), stop.clone());
+    let mut d = d.clone();
     let session_id = registered.session_id.clone();
     // Refreshes name the session, as a live worker's do.
     req.session_id = session_id.clone();
-    tokio::spawn(async move {
+    let refresher = BackgroundServer::spawn("the registration refresher", |token| async move {
         let mut tick = tokio::time::interval(every);
         loop {
             tokio::select! {
-                _ = token.cancelled() => return,
+                _ = token.cancelled() => return Ok(()),
                 _ = tick.tick() => {
                     // A refresh keeps the session; once the worker cannot
                     // be probed it is refused.
                     if let Ok(again) = d.register_push_worker(req.clone()).await {
                         let again = again.into_inner().registered.unwrap();
-                        assert_eq!(again.session_id, session_id, "a refresh keeps the session");
+                        if again.session_id != session_id {
+                            return Err(format!(
+                                "a refresh of {session_id} came back with session {}",
+                                again.session_id
+                            ));
+                        }
                     }
                 }
             }
         }
     });
-    (registered.session_id, stop)
+    (registered.session_id, refresher)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -509,10 +421,10 @@ async fn a_stale_result_is_refused_and_the_right_one_recorded() {
     let mut api = api(node.grpc_addr).await;
     let d = dispatcher(node.grpc_addr).await;
 
-    let (url_a, mut seen_a, _serving_a) = scripted("raw-a", false).await;
+    let (url_a, mut seen_a, serving_a) = scripted("raw-a", false).await;
     let (session_a, stop_a) =
         register_scripted(&d, registration("raw-a", &["echo"], 4), &url_a).await;
-    let (url_b, _seen_b, _serving_b) = scripted("raw-b", false).await;
+    let (url_b, _seen_b, serving_b) = scripted("raw-b", false).await;
     let (session_b, stop_b) =
         register_scripted(&d, registration("raw-b", &["other"], 4), &url_b).await;
     assert_ne!(session_a, session_b);
@@ -529,12 +441,7 @@ async fn a_stale_result_is_refused_and_the_right_one_recorded() {
     let a = exec.assignment.expect("assignment");
     assert_eq!(a.task_id, id);
     // The Execute answer was the ACK.
-    wait_for("the task to run", LIMIT, || {
-        let mut api = api.clone();
-        let id = id.clone();
-        async move { (state(&get(&mut api, &id).await) == pb::TaskState::Running).then_some(()) }
-    })
-    .await;
+    wait_task_state(&api, &id, pb::TaskState::Running, LIMIT).await;
 
     let d2 = d.clone();
     let report = |session: String, exec: String| {
@@ -581,7 +488,7 @@ async fn a_stale_result_is_refused_and_the_right_one_recorded() {
 
     // A deregistered session with nothing running ends at once; its results
     // are then unknown to the server.
-    stop_b.cancel();
+    stop_b.stop().await;
     d.clone()
         .deregister_push_worker(pb::DeregisterPushWorkerRequest {
             session_id: session_b.clone(),
@@ -591,8 +498,10 @@ async fn a_stale_result_is_refused_and_the_right_one_recorded() {
         .expect("deregister");
     let r = report(session_b, a.execution_id.clone()).await;
     assert_code(r, Code::NotFound, "no push-mode session");
-    stop_a.cancel();
-    node.stop(Duration::from_secs(5)).await;
+    stop_a.stop().await;
+    stop_node(node).await;
+    serving_a.stop().await;
+    serving_b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -615,7 +524,7 @@ async fn an_unreachable_push_worker_loses_its_push_and_then_its_session() {
         "Worker.Probe",
     );
     // So is a worker answering as someone else.
-    let (url, _seen, _serving) = scripted("someone-else", false).await;
+    let (url, _seen, someone_else) = scripted("someone-else", false).await;
     let req = pb::RegisterPushWorkerRequest {
         registration: Some(registration("ghost", &["echo"], 4)),
         address: url,
@@ -650,7 +559,7 @@ async fn an_unreachable_push_worker_loses_its_push_and_then_its_session() {
     );
     // Then it stops answering at all while it keeps refreshing: failed
     // probes lose the session.
-    serving.cancel();
+    serving.stop().await;
     wait_for("the ghost to leave the list", LIMIT, || {
         let mut api = api.clone();
         async move { workers(&mut api).await.is_empty().then_some(()) }
@@ -659,7 +568,7 @@ async fn an_unreachable_push_worker_loses_its_push_and_then_its_session() {
 
     let ledger = Ledger::default();
     let w = counting_worker(&[node.grpc_addr], "real", 2, ledger.clone());
-    let t = wait_succeeded(&api, &id).await;
+    let t = wait_task_state(&api, &id, pb::TaskState::Succeeded, LIMIT).await;
     assert_eq!(t.attempts.last().unwrap().worker_id, "real");
     assert!(
         t.attempts
@@ -667,10 +576,10 @@ async fn an_unreachable_push_worker_loses_its_push_and_then_its_session() {
             .all(|a| a.worker_id != "ghost" || a.outcome == pb::AttemptOutcome::WorkerLost as i32)
     );
     assert_eq!(ledger.count(&id), 1);
-    refreshing.cancel();
-    w.shutdown.cancel();
-    let _ = w.join.await;
-    node.stop(Duration::from_secs(5)).await;
+    refreshing.stop().await;
+    w.stop().await;
+    stop_node(node).await;
+    someone_else.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -705,9 +614,8 @@ async fn cancelling_a_running_task_cancels_it_on_the_push_worker() {
         async move { (handle.active() == 0).then_some(()) }
     })
     .await;
-    w.shutdown.cancel();
-    let _ = w.join.await;
-    node.stop(Duration::from_secs(5)).await;
+    w.stop().await;
+    stop_node(node).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -716,7 +624,7 @@ async fn a_worker_registering_anew_at_its_address_gets_its_attempts_taken_back()
     let node = fast_node(dir.path()).await;
     let mut api = api(node.grpc_addr).await;
     let mut d = dispatcher(node.grpc_addr).await;
-    let (url, mut seen, _serving) = scripted("phoenix", false).await;
+    let (url, mut seen, serving) = scripted("phoenix", false).await;
     let reg = registration("phoenix", &["echo"], 4);
     let (first, refreshing) = register_scripted(&d, reg.clone(), &url).await;
     let id = submit(&mut api, "echo", b"{}").await;
@@ -725,16 +633,11 @@ async fn a_worker_registering_anew_at_its_address_gets_its_attempts_taken_back()
         .unwrap()
         .unwrap();
     assert_eq!(pushed.session_id, first);
-    wait_for("the task to run", LIMIT, || {
-        let mut api = api.clone();
-        let id = id.clone();
-        async move { (state(&get(&mut api, &id).await) == pb::TaskState::Running).then_some(()) }
-    })
-    .await;
+    wait_task_state(&api, &id, pb::TaskState::Running, LIMIT).await;
 
     // The process restarts at the same address: it registers without a
     // session id. It cannot be running the old session's attempt.
-    refreshing.cancel();
+    refreshing.stop().await;
     let again = d
         .register_push_worker(pb::RegisterPushWorkerRequest {
             registration: Some(reg),
@@ -763,29 +666,20 @@ async fn a_worker_registering_anew_at_its_address_gets_its_attempts_taken_back()
     let listed = workers(&mut api).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].session_id, again.session_id);
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
+    serving.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_worker_on_one_replica_is_seen_and_used_from_the_other() {
-    let redis = std::env::var("TASKMESH_TEST_REDIS_URL")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let redis = SharedRedis::new();
     let dir = tempfile::tempdir().unwrap();
-    let prefix = format!("taskmesh-test-{}:", uuid::Uuid::new_v4().simple());
     let mut replicas = Vec::new();
     for _ in 0..2 {
         let mut opts = node_options(dir.path());
         opts.dispatcher.heartbeat_interval = Duration::from_millis(300);
-        let mut r = taskmesh_coord::RedisOptions::new(redis.clone(), "replica");
-        r.key_prefix = prefix.clone();
-        r.lease_ttl = Duration::from_secs(3);
-        r.renew_interval = Duration::from_secs(1);
-        opts.redis = Some(r);
-        replicas.push(
-            taskmesh_cli::node::start(opts)
-                .await
-                .expect("a replica starts (is Redis up on 127.0.0.1:6379?)"),
-        );
+        opts.redis = Some(redis.options("replica"));
+        replicas.push(start_node(opts).await);
     }
     let mut a = api(replicas[0].grpc_addr).await;
 
@@ -812,15 +706,14 @@ async fn a_push_worker_on_one_replica_is_seen_and_used_from_the_other() {
         ids.push(submit(&mut a, "echo", b"{}").await);
     }
     for id in &ids {
-        let t = wait_succeeded(&a, id).await;
+        let t = wait_task_state(&a, id, pb::TaskState::Succeeded, LIMIT).await;
         assert_eq!(t.attempts.len(), 1, "{t:?}");
         assert_eq!(ledger.count(id), 1);
     }
     // Refreshes keep one session: the worker never registered twice.
     assert_eq!(w.handle.sessions(), 1);
-    w.shutdown.cancel();
-    let _ = w.join.await;
+    w.stop().await;
     for r in replicas {
-        r.stop(Duration::from_secs(5)).await;
+        stop_node(r).await;
     }
 }

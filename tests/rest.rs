@@ -4,14 +4,12 @@
 //! cancel, ack, list, batch and workers work over JSON; the SSE watch sees
 //! every state change; trace context is forwarded.
 
-mod common;
-
 use std::time::Duration;
 
-use common::http::{Events, Rest, assert_error, state_of};
-use common::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use taskmesh_testkit::http::{Events, Rest, assert_error, state_of};
+use taskmesh_testkit::*;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -25,14 +23,6 @@ fn echo(payload: &str) -> Value {
 fn b64(text: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(text)
-}
-
-async fn wait_state(rest: &Rest, id: &str, want: &str) -> Value {
-    wait_for(&format!("task {id} to be {want}"), LIMIT, || async {
-        let task = rest.task(id).await;
-        (state_of(&task) == want).then_some(task)
-    })
-    .await
 }
 
 #[tokio::test]
@@ -65,7 +55,7 @@ async fn submit_is_accepted_then_polling_sees_it_succeed() {
     assert_eq!(reply.json["task"]["version"], "1", "int64 as a string");
     assert!(reply.json.get("existing").is_none(), "false is left out");
 
-    let done = wait_state(&rest, &id, "TASK_STATE_SUCCEEDED").await;
+    let done = rest.wait_state(&id, "TASK_STATE_SUCCEEDED", LIMIT).await;
     assert_eq!(done["output"]["data"], b64(r#"{"hi":1}"#));
     assert_eq!(done["traceparent"], traceparent, "traceparent forwarded");
     assert_eq!(done["attempts"].as_array().unwrap().len(), 1);
@@ -90,10 +80,10 @@ async fn submit_is_accepted_then_polling_sees_it_succeed() {
     assert!(again.headers.get("location").is_none());
 
     // Listing by query parameters, workers, and a batch.
-    wait_state(
-        &rest,
+    rest.wait_state(
         first.json["taskId"].as_str().unwrap(),
         "TASK_STATE_SUCCEEDED",
+        LIMIT,
     )
     .await;
     let list = rest
@@ -128,8 +118,8 @@ async fn submit_is_accepted_then_polling_sees_it_succeed() {
             .contains("invalid")
     );
 
-    worker.shutdown.cancel();
-    node.stop(Duration::from_secs(5)).await;
+    worker.stop().await;
+    stop_node(node).await;
 }
 
 #[tokio::test]
@@ -198,8 +188,9 @@ async fn cancel_and_ack_over_rest() {
         .await;
     assert_error(&twice, 400, 9, "RUNNING");
     raw.succeed(&assignment).await;
-    wait_state(&rest, &id, "TASK_STATE_SUCCEEDED").await;
-    node.stop(Duration::from_secs(5)).await;
+    rest.wait_state(&id, "TASK_STATE_SUCCEEDED", LIMIT).await;
+    raw.close().await;
+    stop_node(node).await;
 }
 
 #[tokio::test]
@@ -255,7 +246,8 @@ async fn sse_watch_sees_every_state_change() {
         )
         .await;
     assert_error(&missing, 404, 5, "not found");
-    node.stop(Duration::from_secs(5)).await;
+    raw.close().await;
+    stop_node(node).await;
 }
 
 #[tokio::test]
@@ -282,5 +274,5 @@ async fn health_readiness_and_the_served_document() {
         served.json, checked_in,
         "the node serves the checked-in document"
     );
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }

@@ -10,18 +10,15 @@
 //! forwarded `authorization` header, so the gateway under test is the real
 //! one, over real gRPC.
 
-mod common;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use common::http::{Rest, assert_error};
-use common::*;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 use taskmesh_gateway::{Gateway, GatewayOptions, Readiness};
-use tokio_util::sync::CancellationToken;
+use taskmesh_testkit::background::BackgroundServer;
+use taskmesh_testkit::http::{Rest, assert_error};
+use taskmesh_testkit::*;
 
 /// A `TaskApi` answering every RPC with the code in `authorization: code N`
 /// (UNAUTHENTICATED without one).
@@ -59,30 +56,33 @@ impl tower::Service<::http::Request<tonic::body::Body>> for Scripted {
     }
 }
 
-async fn scripted_grpc() -> SocketAddr {
+async fn scripted_grpc() -> (SocketAddr, BackgroundServer) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(
+    let server = BackgroundServer::spawn("the scripted gRPC server", |stop| {
         tonic::transport::Server::builder()
             .add_service(Scripted)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    addr
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                stop.cancelled_owned(),
+            )
+    });
+    (addr, server)
 }
 
 /// A gateway alone, in front of `target`, with `readiness`.
-async fn gateway(target: SocketAddr, readiness: Readiness) -> (Rest, CancellationToken) {
+async fn gateway(target: SocketAddr, readiness: Readiness) -> (Rest, BackgroundServer) {
     let gw = Gateway::build(GatewayOptions::new(format!("http://{target}")), readiness).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let rest = Rest::new(listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(gw.serve(listener, stop.clone()));
-    (rest, stop)
+    let server = BackgroundServer::spawn("the gateway", |stop| gw.serve(listener, stop));
+    (rest, server)
 }
 
 #[tokio::test]
 async fn every_grpc_error_class_has_its_status_and_json_body() {
-    let (rest, stop) = gateway(scripted_grpc().await, Readiness::new()).await;
+    let (target, scripted) = scripted_grpc().await;
+    let (rest, gateway) = gateway(target, Readiness::new()).await;
     let cases = [
         (3, 400),  // INVALID_ARGUMENT
         (9, 400),  // FAILED_PRECONDITION
@@ -114,7 +114,8 @@ async fn every_grpc_error_class_has_its_status_and_json_body() {
     // Without the header the backend sees no credentials: it was forwarded above.
     let reply = rest.raw(Method::GET, "/api/workers", &[], None).await;
     assert_error(&reply, 401, 16, "no credentials");
-    stop.cancel();
+    gateway.stop().await;
+    scripted.stop().await;
 }
 
 #[tokio::test]
@@ -126,7 +127,7 @@ async fn an_unreachable_service_is_503_and_a_failing_check_is_not_ready() {
             Err("redis: connection refused".to_string())
         })
         .check("hangs", futures::future::pending::<Result<(), String>>);
-    let (rest, stop) = gateway(closed, readiness).await;
+    let (rest, server) = gateway(closed, readiness).await;
     let reply = rest.call(Method::GET, "/api/tasks", None).await;
     assert_error(&reply, 503, 14, "");
     let ready = rest.call(Method::GET, "/readyz", None).await;
@@ -147,7 +148,7 @@ async fn an_unreachable_service_is_503_and_a_failing_check_is_not_ready() {
         rest.call(Method::GET, "/healthz", None).await.status,
         StatusCode::OK
     );
-    stop.cancel();
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -217,7 +218,7 @@ async fn a_real_node_answers_each_class_it_can_produce() {
         1,
         "only the first keyed submit wrote"
     );
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }
 
 #[tokio::test]
@@ -341,5 +342,5 @@ async fn malformed_bodies_are_refused_with_a_message_and_write_nothing() {
     assert!(reply.headers().get("content-length").is_some());
 
     assert_eq!(rest.count_tasks().await, 0, "nothing was written");
-    node.stop(Duration::from_secs(5)).await;
+    stop_node(node).await;
 }

@@ -1,34 +1,34 @@
 //! Time end to end over real gRPC with the real clock: a schedule firing
-//! every second, the misfire policy across a SIGKILL of `serve`, execution
-//! timeouts reaching the handler, and cancels reaching a running handler.
-
-mod common;
+//! every second, execution timeouts reaching the handler, and cancels
+//! reaching a running handler. (The misfire policy across a SIGKILL of
+//! `serve` runs the binary: `crates/cli/tests/restart.rs`.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::*;
 use taskmesh::v1 as pb;
+use taskmesh::v1::task_api_client::TaskApiClient;
+use taskmesh_testkit::schedule::every_second;
+use taskmesh_testkit::*;
 use taskmesh_worker::{HandlerError, Output, TaskContext, Worker, WorkerOptions, handler_fn};
-use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 
-fn every_second(handler: &str, misfire: pb::MisfirePolicy) -> pb::CreateScheduleRequest {
+/// A schedule every second (Europe/London) of `handler` with `misfire`.
+fn every_second_with(handler: &str, misfire: pb::MisfirePolicy) -> pb::CreateScheduleRequest {
+    let base = every_second(handler);
     pb::CreateScheduleRequest {
         schedule: Some(pb::Schedule {
-            kind: pb::ScheduleKind::Cron as i32,
-            cron_expression: "* * * * * *".into(),
             time_zone: "Europe/London".into(),
             misfire_policy: misfire as i32,
             template: Some(pb::TaskTemplate {
-                handler: handler.into(),
                 payload: Some(pb::Payload {
                     data: b"{}".to_vec(),
                     content_type: "application/json".into(),
                 }),
-                ..Default::default()
+                ..base.template.clone().unwrap()
             }),
-            ..Default::default()
+            ..base
         }),
     }
 }
@@ -62,7 +62,7 @@ async fn tasks_of(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_schedule_every_second_for_ten_seconds_yields_ten_tasks_each_run_once() {
+async fn a_schedule_every_second_yields_one_task_per_second_each_run_once() {
     let dir = tempfile::tempdir().unwrap();
     let node = start_node(node_options(dir.path())).await;
     let mut api = api(node.grpc_addr).await;
@@ -71,38 +71,64 @@ async fn a_schedule_every_second_for_ten_seconds_yields_ten_tasks_each_run_once(
     assert!(w.handle.wait_connected(Duration::from_secs(10)).await);
 
     let created = api
-        .create_schedule(every_second("echo", pb::MisfirePolicy::Skip))
+        .create_schedule(every_second_with("echo", pb::MisfirePolicy::Skip))
         .await
         .unwrap()
         .into_inner()
         .schedule
         .unwrap();
-    // The subject of the test is elapsed time: let ten seconds pass.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Ten fires, counted by the schedule itself; then no more.
+    let schedule = |api: &TaskApiClient<Channel>| {
+        let (mut api, id) = (api.clone(), created.schedule_id.clone());
+        async move {
+            api.get_schedule(pb::GetScheduleRequest { schedule_id: id })
+                .await
+                .expect("get the schedule")
+                .into_inner()
+        }
+    };
+    wait_for("ten fires", Duration::from_secs(30), || async {
+        (schedule(&api).await.schedule?.fire_count >= 10).then_some(())
+    })
+    .await;
     api.pause_schedule(pb::PauseScheduleRequest {
         schedule_id: created.schedule_id.clone(),
     })
     .await
     .unwrap();
 
+    let got = schedule(&api).await;
+    let fire_count = got.schedule.as_ref().unwrap().fire_count as usize;
     let tasks = tasks_of(&mut api, &created.schedule_id).await;
-    assert!(
-        (9..=11).contains(&tasks.len()),
-        "10 ± 1 tasks, got {}",
-        tasks.len()
-    );
+    assert!(fire_count >= 10, "{fire_count} fires");
+    assert_eq!(tasks.len(), fire_count, "one task per fire");
+    // The fire times are distinct, consecutive whole seconds: none skipped,
+    // none doubled.
+    let mut fired: Vec<i64> = got
+        .recent_fires
+        .iter()
+        .map(|f| {
+            assert_eq!(f.outcome, pb::FireOutcome::Created as i32, "{f:?}");
+            let t = f.fire_time.unwrap();
+            assert_eq!(t.nanos, 0, "a whole second: {f:?}");
+            t.seconds
+        })
+        .collect();
+    fired.sort_unstable();
+    assert_eq!(fired.len(), fire_count, "every fire is recorded: {fired:?}");
+    for pair in fired.windows(2) {
+        assert_eq!(pair[1] - pair[0], 1, "consecutive seconds: {fired:?}");
+    }
     let keys: std::collections::HashSet<_> =
         tasks.iter().map(|t| t.client_request_id.clone()).collect();
     assert_eq!(keys.len(), tasks.len(), "no fire time produced two tasks");
     for t in &tasks {
-        let t = wait_for("the fired task to succeed", Duration::from_secs(20), || {
-            let mut api = api.clone();
-            let id = t.task_id.clone();
-            async move {
-                let t = get(&mut api, &id).await;
-                (state(&t) == pb::TaskState::Succeeded).then_some(t)
-            }
-        })
+        let t = wait_task_state(
+            &api,
+            &t.task_id,
+            pb::TaskState::Succeeded,
+            Duration::from_secs(20),
+        )
         .await;
         assert_eq!(ledger.count(&t.task_id), 1, "task {} ran once", t.task_id);
         let fire_ms =
@@ -118,136 +144,13 @@ async fn a_schedule_every_second_for_ten_seconds_yields_ten_tasks_each_run_once(
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(got.schedule.unwrap().fire_count as usize, tasks.len());
-    w.shutdown.cancel();
-    let _ = w.join.await;
-    node.stop(Duration::from_secs(5)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_of_serve_applies_the_misfire_policy() {
-    let dir = tempfile::tempdir().unwrap();
-    let (grpc, http) = (free_port(), free_port());
-    let addr: std::net::SocketAddr = ([127, 0, 0, 1], grpc).into();
-    let flags = ["--misfire-threshold", "1500ms"];
-    let mut server = spawn_server(dir.path(), grpc, http, &flags).await;
-    let mut api = api(addr).await;
-    let skip = api
-        .create_schedule(every_second("nobody", pb::MisfirePolicy::Skip))
-        .await
-        .unwrap()
-        .into_inner()
-        .schedule
-        .unwrap();
-    let once = api
-        .create_schedule(every_second("nobody", pb::MisfirePolicy::FireOnceNow))
-        .await
-        .unwrap()
-        .into_inner()
-        .schedule
-        .unwrap();
-    wait_for("two fires before the kill", Duration::from_secs(10), || {
-        let mut api = api.clone();
-        let id = skip.schedule_id.clone();
-        async move {
-            let s = api
-                .get_schedule(pb::GetScheduleRequest { schedule_id: id })
-                .await
-                .ok()?
-                .into_inner();
-            (s.schedule?.fire_count >= 2).then_some(())
-        }
-    })
-    .await;
-
-    server.kill();
-    let down_at = std::time::Instant::now();
-    // Downtime is the subject here: long enough for several missed fires
-    // beyond the 1.5 s misfire threshold.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let _server = spawn_server(dir.path(), grpc, http, &flags).await;
-    let api = common::api(addr).await;
-
-    let fires_of = |id: String| {
-        let mut api = api.clone();
-        async move {
-            api.get_schedule(pb::GetScheduleRequest { schedule_id: id })
-                .await
-                .unwrap()
-                .into_inner()
-                .recent_fires
-        }
-    };
-    // SKIP: the missed times are recorded as skipped, no task for them.
-    let skipped = wait_for(
-        "misfires recorded for the SKIP schedule",
-        Duration::from_secs(10),
-        || {
-            let f = fires_of(skip.schedule_id.clone());
-            async move {
-                let fires = f.await;
-                let n = fires
-                    .iter()
-                    .filter(|f| f.outcome == pb::FireOutcome::SkippedMisfire as i32)
-                    .count();
-                (n >= 2).then_some(fires)
-            }
-        },
-    )
-    .await;
-    for f in skipped
-        .iter()
-        .filter(|f| f.outcome == pb::FireOutcome::SkippedMisfire as i32)
-    {
-        assert!(f.task_id.is_empty(), "a skipped fire created no task");
-    }
-    // FIRE_ONCE_NOW: one task stands for all the missed times.
-    let fires = wait_for(
-        "the FIRE_ONCE_NOW schedule to catch up",
-        Duration::from_secs(10),
-        || {
-            let f = fires_of(once.schedule_id.clone());
-            async move {
-                let fires = f.await;
-                fires
-                    .iter()
-                    .any(|f| f.outcome == pb::FireOutcome::SkippedMisfire as i32)
-                    .then_some(fires)
-            }
-        },
-    )
-    .await;
-    let restart_ms = {
-        let elapsed = down_at.elapsed().as_millis() as i64;
-        chrono_now_ms() - elapsed
-    };
-    let created_after_restart: Vec<_> = fires
-        .iter()
-        .filter(|f| f.outcome == pb::FireOutcome::Created as i32)
-        .filter(|f| {
-            let h = f.handled_time.unwrap();
-            h.seconds * 1_000 + i64::from(h.nanos / 1_000_000) > restart_ms
-        })
-        .collect();
-    assert!(
-        !created_after_restart.is_empty(),
-        "fire-once-now created a task on restart"
+    assert_eq!(
+        got.schedule.unwrap().fire_count as usize,
+        tasks.len(),
+        "no fire after the pause"
     );
-    let missed = fires
-        .iter()
-        .filter(|f| f.outcome == pb::FireOutcome::SkippedMisfire as i32)
-        .count();
-    assert!(
-        missed >= 2,
-        "the missed times were folded into one fire: {missed} skipped"
-    );
-}
-
-fn chrono_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
+    w.stop().await;
+    stop_node(node).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,19 +178,12 @@ async fn a_cancel_reaches_the_running_handler_and_a_timeout_retries_then_ends() 
             }
         }),
     );
-    let handle = worker.handle();
-    let stop = CancellationToken::new();
-    let join = tokio::spawn(worker.run(stop.clone()));
-    assert!(handle.wait_connected(Duration::from_secs(10)).await);
+    let worker = TestWorker::spawn(worker);
+    assert!(worker.handle.wait_connected(Duration::from_secs(10)).await);
 
     // Cancel while running: the handler's token fires.
     let id = submit(&mut api, "block", b"{}").await;
-    wait_for("the task to run", Duration::from_secs(10), || {
-        let mut api = api.clone();
-        let id = id.clone();
-        async move { (state(&get(&mut api, &id).await) == pb::TaskState::Running).then_some(()) }
-    })
-    .await;
+    wait_task_state(&api, &id, pb::TaskState::Running, Duration::from_secs(10)).await;
     api.cancel_task(pb::CancelTaskRequest {
         task_id: id.clone(),
         reason: "stop".into(),
@@ -328,17 +224,11 @@ async fn a_cancel_reaches_the_running_handler_and_a_timeout_retries_then_ends() 
         .await
         .unwrap()
         .into_inner();
-    let t = wait_for(
-        "the task to time out for good",
+    let t = wait_task_state(
+        &api,
+        &resp.task_id,
+        pb::TaskState::TimedOut,
         Duration::from_secs(20),
-        || {
-            let mut api = api.clone();
-            let id = resp.task_id.clone();
-            async move {
-                let t = get(&mut api, &id).await;
-                (state(&t) == pb::TaskState::TimedOut).then_some(t)
-            }
-        },
     )
     .await;
     let outcomes: Vec<i32> = t.attempts.iter().map(|a| a.outcome).collect();
@@ -352,7 +242,6 @@ async fn a_cancel_reaches_the_running_handler_and_a_timeout_retries_then_ends() 
         2,
         "two runs, each cancelled at its deadline"
     );
-    stop.cancel();
-    let _ = join.await;
-    node.stop(Duration::from_secs(5)).await;
+    worker.stop().await;
+    stop_node(node).await;
 }

@@ -3,14 +3,8 @@
 //! try is retried after its backoff, a receiver that is not listening is a
 //! transport error, the signature verifies, and tries run out into FAILED.
 
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
 use taskmesh_callbacks::{
     CallbackOptions, DELIVERY_HEADER, Deliverer, SIGNATURE_HEADER, signature,
 };
@@ -19,37 +13,14 @@ use taskmesh_core::{
 };
 use taskmesh_store::conformance::{T0, new_task};
 use taskmesh_store::{SqliteStore, Store};
+use taskmesh_testkit::callbacks::CallbackReceiver;
 
-/// Receives callbacks; answers each with the next scripted status (then 200).
-#[derive(Clone, Default)]
-struct Receiver {
-    script: Arc<Mutex<Vec<u16>>>,
-    seen: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
-}
-
-async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    r.seen.lock().unwrap().push((headers, body));
-    let mut script = r.script.lock().unwrap();
-    let code = if script.is_empty() {
-        200
-    } else {
-        script.remove(0)
-    };
-    StatusCode::from_u16(code).unwrap()
-}
-
-async fn start_receiver(script: Vec<u16>) -> (SocketAddr, Receiver) {
-    let receiver = Receiver {
-        script: Arc::new(Mutex::new(script)),
-        ..Receiver::default()
-    };
-    let app = Router::new()
-        .route("/cb", post(receive))
-        .with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, receiver)
+/// A receiver answering `script` first (then 200); it checks no signature
+/// (the tests check it themselves).
+async fn start_receiver(script: &[u16]) -> CallbackReceiver {
+    let receiver = CallbackReceiver::start(None).await;
+    receiver.script(script);
+    receiver
 }
 
 fn options(secret: Option<&str>, max_attempts: u32) -> CallbackOptions {
@@ -100,8 +71,8 @@ async fn fixture() -> (tempfile::TempDir, Arc<dyn Store>, FakeClock) {
 #[tokio::test]
 async fn refused_then_accepted_signed_once_per_try() {
     let (_dir, store, clock) = fixture().await;
-    let (addr, receiver) = start_receiver(vec![500, 503]).await;
-    let task = ended_task(store.as_ref(), &format!("http://{addr}/cb")).await;
+    let receiver = start_receiver(&[500, 503]).await;
+    let task = ended_task(store.as_ref(), &receiver.url()).await;
     let deliverer = Deliverer::build(
         options(Some("s3cret"), 5),
         store.clone(),
@@ -158,10 +129,11 @@ async fn refused_then_accepted_signed_once_per_try() {
         "delivered is final"
     );
 
-    let seen = receiver.seen.lock().unwrap().clone();
+    let seen = receiver.received();
     assert_eq!(seen.len(), 3);
-    for (headers, body) in &seen {
-        assert_eq!(body, &seen[0].1, "every try sends the same bytes");
+    for r in &seen {
+        let (headers, body) = (&r.headers, &r.body);
+        assert_eq!(body, &seen[0].body, "every try sends the same bytes");
         assert_eq!(headers[DELIVERY_HEADER], entry.delivery_id.as_str());
         assert_eq!(headers["content-type"], "application/json");
         assert_eq!(
@@ -169,25 +141,26 @@ async fn refused_then_accepted_signed_once_per_try() {
             signature(b"s3cret", body)
         );
     }
-    let json: serde_json::Value = serde_json::from_slice(&seen[0].1).unwrap();
+    let json = seen[0].json();
     assert_eq!(json["deliveryId"], entry.delivery_id.as_str());
     assert_eq!(json["taskId"], task.id.as_str());
     assert_eq!(json["executionId"], "exec-1");
     assert_eq!(json["state"], "TASK_STATE_SUCCEEDED");
     assert_eq!(json["output"]["data"], "b2s=");
     assert_eq!(json["attempts"], 1);
+    receiver.stop().await;
 }
 
 #[tokio::test]
 async fn an_absent_receiver_is_retried_then_given_up_unsigned() {
     let (_dir, store, clock) = fixture().await;
     // A port nothing listens on: bound, then released.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let task = ended_task(store.as_ref(), &format!("http://127.0.0.1:{port}/cb")).await;
+    let port = taskmesh_testkit::free_port();
+    let url = format!(
+        "http://127.0.0.1:{port}{}",
+        taskmesh_testkit::callbacks::PATH
+    );
+    let task = ended_task(store.as_ref(), &url).await;
     let deliverer =
         Deliverer::build(options(None, 2), store.clone(), Arc::new(clock.clone())).unwrap();
 
@@ -210,14 +183,8 @@ async fn an_absent_receiver_is_retried_then_given_up_unsigned() {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .unwrap();
-    let receiver = Receiver {
-        script: Arc::new(Mutex::new(vec![500])),
-        ..Receiver::default()
-    };
-    let app = Router::new()
-        .route("/cb", post(receive))
-        .with_state(receiver.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let receiver = CallbackReceiver::start_on(listener, None);
+    receiver.script(&[500]);
     clock.set(entry.next_attempt_at.unwrap());
     assert_eq!(deliverer.deliver_due().await.unwrap(), 1);
     let entry = store
@@ -232,10 +199,11 @@ async fn an_absent_receiver_is_retried_then_given_up_unsigned() {
         (CallbackState::Failed, 2, "HTTP 500")
     );
     assert_eq!(entry.next_attempt_at, None);
-    let seen = receiver.seen.lock().unwrap();
+    let seen = receiver.received();
     assert_eq!(seen.len(), 1);
     assert!(
-        seen[0].0.get(SIGNATURE_HEADER).is_none(),
+        seen[0].headers.get(SIGNATURE_HEADER).is_none(),
         "no secret, no signature"
     );
+    receiver.stop().await;
 }

@@ -1,5 +1,6 @@
 //! Chaos, end to end, with real processes: 3 `taskmesh serve` replicas and 4
-//! `taskmesh worker` processes on a private Postgres and a private Redis.
+//! `taskmesh worker` processes on a private database and a private Redis,
+//! once on Postgres and once on MariaDB (one scenario, two tests).
 //! 10,000 tasks are submitted (SubmitTasks batches spread over the replicas,
 //! a refused batch retried elsewhere with the same client request ids)
 //! while the leader is killed (SIGKILL) twice and a worker every few
@@ -27,17 +28,22 @@
 //! (`schedule_fires.handled_at`) are the leader's `now`, the database's
 //! clock as followed by `StoreClock` — the database runs on this host, so
 //! both are the same clock.
-
-mod common;
+//!
+//! Run with `cargo test -p taskmesh-cli --test chaos -- --nocapture` to see
+//! the figures of each backend.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use common::Child;
-use common::cluster::{Cluster, LEASE_TTL, Replica, leads, metric, now_ms};
-use common::wait_for;
 use taskmesh::v1 as pb;
 use taskmesh::v1::task_api_client::TaskApiClient;
+use taskmesh_store::DatabaseKind;
+use taskmesh_testkit::cluster::{Cluster, LEASE_TTL, Replica};
+use taskmesh_testkit::db::Arg;
+use taskmesh_testkit::metrics::{leads, metric};
+use taskmesh_testkit::process::{LedgerLine, read_ledger};
+use taskmesh_testkit::schedule::{create_schedule, every_second, pause_schedule};
+use taskmesh_testkit::{Child, now_ms, wait_for};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
@@ -73,8 +79,18 @@ struct Kill {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_thousand_tasks_survive_killed_leaders_and_workers() {
-    let cluster = Cluster::start();
+async fn ten_thousand_tasks_survive_killed_leaders_and_workers_on_postgres() {
+    chaos(DatabaseKind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_tasks_survive_killed_leaders_and_workers_on_mariadb() {
+    chaos(DatabaseKind::Mysql).await;
+}
+
+/// The scenario and its proof, on a private database of `kind`.
+async fn chaos(kind: DatabaseKind) {
+    let cluster = Cluster::start(env!("CARGO_BIN_EXE_taskmesh").as_ref(), kind).await;
     let mut replicas: Vec<Replica> = Vec::new();
     for _ in 0..REPLICAS {
         replicas.push(cluster.replica(None, &[]).await);
@@ -84,33 +100,25 @@ async fn ten_thousand_tasks_survive_killed_leaders_and_workers() {
     leader_index(&replicas).await;
 
     let mut api0 = client(&urls[0]);
-    let schedule = api0
-        .create_schedule(pb::CreateScheduleRequest {
-            schedule: Some(pb::Schedule {
-                kind: pb::ScheduleKind::Cron as i32,
-                cron_expression: "* * * * * *".into(),
-                time_zone: "UTC".into(),
-                template: Some(pb::TaskTemplate {
-                    handler: "echo".into(),
-                    retry_policy: Some(retry_policy()),
-                    ..Default::default()
-                }),
+    let schedule = create_schedule(
+        &mut api0,
+        pb::Schedule {
+            template: Some(pb::TaskTemplate {
+                handler: "echo".into(),
+                retry_policy: Some(retry_policy()),
                 ..Default::default()
             }),
-        })
-        .await
-        .expect("create the schedule")
-        .into_inner()
-        .schedule
-        .unwrap()
-        .schedule_id;
+            ..every_second("echo")
+        },
+    )
+    .await;
 
     // Workers: each tries the replicas in its own order, so they spread.
     let mut started = 0usize;
     let mut workers: Vec<(String, Child)> = Vec::new();
     for slot in 0..WORKERS {
         started += 1;
-        workers.push(start_worker(&cluster, &urls, slot, started));
+        workers.push(start_worker(&cluster, &urls, slot, started).await);
     }
 
     let submitter = tokio::spawn(submit_all(urls.clone()));
@@ -135,7 +143,7 @@ async fn ten_thousand_tasks_survive_killed_leaders_and_workers() {
                 at: now_ms(),
             });
             started += 1;
-            workers.insert(slot, start_worker(&cluster, &urls, slot, started));
+            workers.insert(slot, start_worker(&cluster, &urls, slot, started).await);
             next_worker_kill = now + WORKER_KILL_EVERY;
         }
         if leader_kills.len() < LEADER_KILLS && now >= next_leader_kill {
@@ -156,11 +164,10 @@ async fn ten_thousand_tasks_survive_killed_leaders_and_workers() {
                 || {
                     let db = db.clone();
                     async move {
-                        sqlx::query_scalar::<_, Option<i64>>(
+                        db.int(
                             "SELECT MIN(handled_at) FROM schedule_fires WHERE handled_at > $1",
+                            &[Arg::Int(at + 100)],
                         )
-                        .bind(at + 100)
-                        .fetch_one(&db)
                         .await
                         .ok()
                         .flatten()
@@ -177,26 +184,14 @@ async fn ten_thousand_tasks_survive_killed_leaders_and_workers() {
     let chaos_secs = begin.elapsed().as_secs_f64();
     let accepted = submitter.await.expect("the submitter");
     api0 = client(&urls[0]);
-    api0.pause_schedule(pb::PauseScheduleRequest {
-        schedule_id: schedule.clone(),
-    })
-    .await
-    .expect("pause the schedule");
+    pause_schedule(&mut api0, &schedule).await;
 
     wait_for(
         "every task to reach a terminal state",
         Duration::from_secs(180),
         || {
             let db = db.clone();
-            async move {
-                let open: i64 = sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM tasks WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED')",
-                )
-                .fetch_one(&db)
-                .await
-                .ok()?;
-                (open == 0).then_some(())
-            }
+            async move { (db.open_tasks().await.ok()? == 0).then_some(()) }
         },
     )
     .await;
@@ -215,11 +210,7 @@ async fn ten_thousand_tasks_survive_killed_leaders_and_workers() {
     };
 
     // ---- the proof ----
-    let tasks: Vec<(String, String, Option<String>, Option<String>)> =
-        sqlx::query_as("SELECT id, state, schedule_id, client_request_id FROM tasks")
-            .fetch_all(&db)
-            .await
-            .unwrap();
+    let tasks = db.tasks().await.expect("read the tasks");
     let state_of: HashMap<&str, &str> = tasks
         .iter()
         .map(|(id, s, _, _)| (id.as_str(), s.as_str()))
@@ -245,22 +236,8 @@ async fn ten_thousand_tasks_survive_killed_leaders_and_workers() {
     );
 
     // Attempts and ledgers.
-    type AttemptRow = (
-        String,
-        i64,
-        String,
-        String,
-        i64,
-        Option<i64>,
-        Option<String>,
-        String,
-    );
-    let attempts: Vec<AttemptRow> = sqlx::query_as(
-        "SELECT task_id, number, execution_id, worker_id, started_at, ended_at, outcome, message FROM attempts",
-    )
-    .fetch_all(&db)
-    .await
-    .unwrap();
+    type AttemptRow = taskmesh_testkit::db::AttemptRow;
+    let attempts = db.attempts().await.expect("read the attempts");
     let by_exec: HashMap<&str, &AttemptRow> = attempts.iter().map(|a| (a.2.as_str(), a)).collect();
     let mut successes: HashMap<&str, Vec<&str>> = HashMap::new();
     for a in &attempts {
@@ -359,13 +336,13 @@ async fn ten_thousand_tasks_survive_killed_leaders_and_workers() {
     );
 
     // Schedule fires: one task per fire time.
-    let (fire_rows, fire_times, fire_tasks): (i64, i64, i64) = sqlx::query_as(
-        "SELECT COUNT(*), COUNT(DISTINCT fire_at), COUNT(task_id) FROM schedule_fires WHERE schedule_id = $1",
-    )
-    .bind(&schedule)
-    .fetch_one(&db)
-    .await
-    .unwrap();
+    let (fire_rows, fire_times, fire_tasks) = db
+        .ints3(
+            "SELECT COUNT(*), COUNT(DISTINCT fire_at), COUNT(task_id) FROM schedule_fires WHERE schedule_id = $1",
+            &[Arg::Text(&schedule)],
+        )
+        .await
+        .expect("count the fires");
     let fired: Vec<_> = tasks
         .iter()
         .filter(|t| t.2.as_deref() == Some(schedule.as_str()))
@@ -376,7 +353,7 @@ async fn ten_thousand_tasks_survive_killed_leaders_and_workers() {
     assert_eq!(keys.len(), fired.len(), "no fire time has two tasks");
 
     let limit = (LEASE_TTL + Duration::from_secs(2)).as_millis() as i64;
-    println!("chaos figures:");
+    println!("chaos figures ({kind:?}):");
     println!(
         "  tasks accepted {}, SUCCEEDED {} (states {by_state:?}), schedule fires {fire_rows} -> {} tasks",
         accepted.len(),
@@ -449,12 +426,21 @@ fn client(url: &str) -> TaskApiClient<Channel> {
 }
 
 /// Worker `w{n}` in `slot`, trying the replicas starting from `slot`'s.
-fn start_worker(cluster: &Cluster, urls: &[String], slot: usize, n: usize) -> (String, Child) {
+async fn start_worker(
+    cluster: &Cluster,
+    urls: &[String],
+    slot: usize,
+    n: usize,
+) -> (String, Child) {
     let id = format!("w{n}");
     let mut order: Vec<String> = urls.to_vec();
     order.rotate_left(slot % urls.len());
-    let ledger = cluster.path(&format!("ledger-{id}"));
-    let child = cluster.worker(&id, &order, WORKER_SLOTS, &ledger);
+    let child = cluster
+        .worker(&id, &order)
+        .concurrency(WORKER_SLOTS)
+        .ledger(&cluster.path(&format!("ledger-{id}")))
+        .spawn()
+        .await;
     (id, child)
 }
 
@@ -526,35 +512,10 @@ async fn leader_index(replicas: &[Replica]) -> usize {
     .await
 }
 
-#[derive(Debug)]
-struct LedgerLine {
-    task_id: String,
-    attempt: i64,
-    execution_id: String,
-    worker_id: String,
-}
-
-/// Every line of the ledgers of workers `w1..=w{started}`.
+/// Every line of the ledgers of workers `w1..=w{started}` (each must exist:
+/// every worker opened its ledger before the test went on).
 fn read_ledgers(cluster: &Cluster, started: usize) -> Vec<LedgerLine> {
-    let mut out = Vec::new();
-    for n in 1..=started {
-        let path = cluster.path(&format!("ledger-w{n}"));
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        for line in text.lines() {
-            let f: Vec<&str> = line.split(' ').collect();
-            assert_eq!(
-                f.len(),
-                4,
-                "a whole ledger line in {}: {line:?}",
-                path.display()
-            );
-            out.push(LedgerLine {
-                task_id: f[0].into(),
-                attempt: f[1].parse().unwrap(),
-                execution_id: f[2].into(),
-                worker_id: f[3].into(),
-            });
-        }
-    }
-    out
+    (1..=started)
+        .flat_map(|n| read_ledger(&cluster.path(&format!("ledger-w{n}"))))
+        .collect()
 }

@@ -10,19 +10,24 @@
 //! token). The test stops A there, removes the file, lets B take over and
 //! fire, then resumes A: A really sends its commit, and the store refuses it.
 
-mod common;
-
 use std::time::Duration;
 
-use common::cluster::{Cluster, LEASE_TTL, leads, metric, now_ms};
-use common::*;
-use taskmesh::v1 as pb;
+use taskmesh_store::DatabaseKind;
+use taskmesh_testkit::cluster::{Cluster, LEASE_TTL};
+use taskmesh_testkit::db::Arg;
+use taskmesh_testkit::metrics::{leads, metric};
+use taskmesh_testkit::schedule::{create_schedule, every_second, fires};
+use taskmesh_testkit::{api, now_ms, wait_for};
 
 const FENCED: &str = "taskmesh_fenced_writes_total";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_leader_writes_with_its_old_token_and_is_refused() {
-    let cluster = Cluster::start();
+    let cluster = Cluster::start(
+        env!("CARGO_BIN_EXE_taskmesh").as_ref(),
+        DatabaseKind::Postgres,
+    )
+    .await;
     let hold = cluster.path("hold-round");
     let hold_env = hold.to_str().unwrap().to_string();
     let a = cluster
@@ -36,25 +41,7 @@ async fn a_resumed_leader_writes_with_its_old_token_and_is_refused() {
     let db = cluster.db().await;
 
     let mut api_b = api(([127, 0, 0, 1], b.grpc).into()).await;
-    let schedule = api_b
-        .create_schedule(pb::CreateScheduleRequest {
-            schedule: Some(pb::Schedule {
-                kind: pb::ScheduleKind::Cron as i32,
-                cron_expression: "* * * * * *".into(),
-                time_zone: "UTC".into(),
-                template: Some(pb::TaskTemplate {
-                    handler: "echo".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("create the schedule")
-        .into_inner()
-        .schedule
-        .unwrap()
-        .schedule_id;
+    let schedule = create_schedule(&mut api_b, every_second("echo")).await;
     wait_for("A to fire twice", Duration::from_secs(20), || async {
         (fires(&db, &schedule).await >= 2).then_some(())
     })
@@ -79,15 +66,14 @@ async fn a_resumed_leader_writes_with_its_old_token_and_is_refused() {
         "B to take over and fire with a newer token",
         LEASE_TTL + Duration::from_secs(15),
         || async {
-            let token = fence(&db).await;
-            let fired: Option<i64> = sqlx::query_scalar(
-                "SELECT MIN(handled_at) FROM schedule_fires WHERE schedule_id = $1 AND handled_at > $2",
-            )
-            .bind(&schedule)
-            .bind(stopped_at)
-            .fetch_one(&db)
-            .await
-            .unwrap();
+            let token = db.fence().await;
+            let fired = db
+                .int(
+                    "SELECT MIN(handled_at) FROM schedule_fires WHERE schedule_id = $1 AND handled_at > $2",
+                    &[Arg::Text(&schedule), Arg::Int(stopped_at)],
+                )
+                .await
+                .unwrap();
             (token > token_a).then_some(())?;
             Some((token, fired?))
         },
@@ -122,25 +108,25 @@ async fn a_resumed_leader_writes_with_its_old_token_and_is_refused() {
 
     // The store kept B's token and exactly one task per fire time: A's
     // planned fire changed nothing (B fired that time itself).
-    assert!(fence(&db).await >= token_b);
+    assert!(db.fence().await >= token_b);
     wait_for("B to fire again", Duration::from_secs(10), || async {
         (fires(&db, &schedule).await > fires_before_resume).then_some(())
     })
     .await;
-    let (fire_rows, distinct_times, with_task): (i64, i64, i64) = sqlx::query_as(
-        "SELECT COUNT(*), COUNT(DISTINCT fire_at), COUNT(task_id) FROM schedule_fires WHERE schedule_id = $1",
-    )
-    .bind(&schedule)
-    .fetch_one(&db)
-    .await
-    .unwrap();
-    let (tasks, distinct_keys): (i64, i64) = sqlx::query_as(
-        "SELECT COUNT(*), COUNT(DISTINCT client_request_id) FROM tasks WHERE schedule_id = $1",
-    )
-    .bind(&schedule)
-    .fetch_one(&db)
-    .await
-    .unwrap();
+    let (fire_rows, distinct_times, with_task) = db
+        .ints3(
+            "SELECT COUNT(*), COUNT(DISTINCT fire_at), COUNT(task_id) FROM schedule_fires WHERE schedule_id = $1",
+            &[Arg::Text(&schedule)],
+        )
+        .await
+        .unwrap();
+    let (tasks, distinct_keys, _) = db
+        .ints3(
+            "SELECT COUNT(*), COUNT(DISTINCT client_request_id), COUNT(*) FROM tasks WHERE schedule_id = $1",
+            &[Arg::Text(&schedule)],
+        )
+        .await
+        .unwrap();
     assert_eq!(fire_rows, distinct_times, "one record per fire time");
     assert_eq!(tasks, with_task, "one task per created fire");
     assert_eq!(tasks, distinct_keys, "no fire time has two tasks");
@@ -151,20 +137,4 @@ async fn a_resumed_leader_writes_with_its_old_token_and_is_refused() {
         first_fire_b - stopped_at,
         LEASE_TTL.as_millis()
     );
-}
-
-async fn fires(db: &sqlx::PgPool, schedule: &str) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM schedule_fires WHERE schedule_id = $1")
-        .bind(schedule)
-        .fetch_one(db)
-        .await
-        .unwrap()
-}
-
-async fn fence(db: &sqlx::PgPool) -> u64 {
-    let t: i64 = sqlx::query_scalar("SELECT token FROM fences WHERE name = 'leader'")
-        .fetch_one(db)
-        .await
-        .unwrap();
-    t as u64
 }

@@ -19,18 +19,21 @@
 //!   and after ran exactly once; a submit refused during the outage created
 //!   nothing.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::cluster::{Cluster, LEASE_TTL, PREFIX, Replica, leads, now_ms};
-use common::http::Rest;
-use common::wait_for;
 use reqwest::Method;
 use serde_json::json;
 use taskmesh::v1 as pb;
 use taskmesh::v1::task_api_client::TaskApiClient;
+use taskmesh_store::DatabaseKind;
+use taskmesh_testkit::cluster::{Cluster, LEASE_TTL, PREFIX, Replica};
+use taskmesh_testkit::db::{Arg, Db};
+use taskmesh_testkit::http::Rest;
+use taskmesh_testkit::metrics::{leads, renew_failures};
+use taskmesh_testkit::process::read_ledger;
+use taskmesh_testkit::schedule::{create_schedule, every_second, fires, pause_schedule};
+use taskmesh_testkit::{Child, now_ms, wait_for};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic_health::pb::{
@@ -49,7 +52,7 @@ const SHORT_MS: u64 = 1_500;
 async fn a_redis_outage_deposes_the_leader_and_everything_resumes_by_itself() {
     let mut env = Env::start().await;
     let mut api = client(&env.node.url());
-    let schedule = every_second(&mut api).await;
+    let schedule = create_schedule(&mut api, every_second("echo")).await;
     env.fires_at_least(&schedule, 2).await;
     let mut tasks: Vec<String> = Vec::new();
     for _ in 0..10 {
@@ -222,7 +225,7 @@ async fn a_redis_outage_deposes_the_leader_and_everything_resumes_by_itself() {
         tasks.push(submit(&mut api, "echo", b"{}", "").await.expect("submit"));
     }
     tasks.extend(during.iter().chain(&long).cloned());
-    pause(&mut api, &schedule).await;
+    pause_schedule(&mut api, &schedule).await;
 
     let proof = env.everything_ran_once(&tasks).await;
     assert_eq!(
@@ -260,7 +263,7 @@ async fn a_redis_outage_deposes_the_leader_and_everything_resumes_by_itself() {
 async fn a_postgres_outage_answers_unavailable_and_loses_no_task() {
     let env = Env::start().await;
     let mut api = client(&env.node.url());
-    let schedule = every_second(&mut api).await;
+    let schedule = create_schedule(&mut api, every_second("echo")).await;
     env.fires_at_least(&schedule, 1).await;
     let mut tasks: Vec<String> = Vec::new();
     for _ in 0..10 {
@@ -301,7 +304,7 @@ async fn a_postgres_outage_answers_unavailable_and_loses_no_task() {
 
     // ---- Postgres goes away ----
     let stopped = Instant::now();
-    env.cluster.pg.stop();
+    env.cluster.pg().stop();
     let started = Instant::now();
     let refused = bounded(
         "SubmitTask",
@@ -338,7 +341,7 @@ async fn a_postgres_outage_answers_unavailable_and_loses_no_task() {
             Some(json!({"handler": "echo", "clientRequestId": "refused-during-outage-rest"})),
         )
         .await;
-    common::http::assert_error(&posted, 503, 14, "store unavailable");
+    taskmesh_testkit::http::assert_error(&posted, 503, 14, "store unavailable");
     wait_health(env.node.grpc, ServingStatus::NotServing).await;
     let ready = rest.call(Method::GET, "/readyz", None).await;
     assert_eq!(ready.status.as_u16(), 503, "{:?}", ready.json);
@@ -365,7 +368,7 @@ async fn a_postgres_outage_answers_unavailable_and_loses_no_task() {
 
     // ---- Postgres comes back, same port and data ----
     let back = Instant::now();
-    env.cluster.pg.start_again();
+    env.cluster.pg().start_again();
     let back_ms = now_ms();
     let first = wait_for("a submit to succeed again", Duration::from_secs(30), || {
         let mut api = api.clone();
@@ -386,14 +389,17 @@ async fn a_postgres_outage_answers_unavailable_and_loses_no_task() {
         tasks.push(submit(&mut api, "echo", b"{}", "").await.expect("submit"));
     }
     tasks.extend(running.iter().cloned());
-    pause(&mut api, &schedule).await;
+    pause_schedule(&mut api, &schedule).await;
     let proof = env.everything_ran_once(&tasks).await;
-    let refused_created: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM tasks WHERE client_request_id LIKE 'refused-during-outage%'",
-    )
-    .fetch_one(&env.db)
-    .await
-    .unwrap();
+    let refused_created = env
+        .db
+        .int(
+            "SELECT COUNT(*) FROM tasks WHERE client_request_id LIKE 'refused-during-outage%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .unwrap_or(0);
     assert_eq!(refused_created, 0, "a refused submit created nothing");
     println!("postgres outage figures:");
     println!(
@@ -415,19 +421,28 @@ async fn a_postgres_outage_answers_unavailable_and_loses_no_task() {
 struct Env {
     cluster: Cluster,
     node: Replica,
-    _worker: common::Child,
-    db: sqlx::PgPool,
+    _worker: Child,
+    db: Db,
 }
 
 impl Env {
     async fn start() -> Self {
-        let cluster = Cluster::start();
+        let cluster = Cluster::start(
+            env!("CARGO_BIN_EXE_taskmesh").as_ref(),
+            DatabaseKind::Postgres,
+        )
+        .await;
         let node = cluster.replica(None, &[]).await;
         wait_for("the node to lead", Duration::from_secs(20), || async {
             leads(node.http).await.then_some(())
         })
         .await;
-        let worker = cluster.worker("w1", &[node.url()], 8, &cluster.path("ledger-w1"));
+        let worker = cluster
+            .worker("w1", &[node.url()])
+            .concurrency(8)
+            .ledger(&cluster.path("ledger-w1"))
+            .spawn()
+            .await;
         let mut api = client(&node.url());
         wait_for("the worker to register", Duration::from_secs(20), || {
             let mut api = api.clone();
@@ -471,7 +486,7 @@ impl Env {
             let open: Result<Vec<(String, String)>, _> = sqlx::query_as(
                 "SELECT id, state FROM tasks WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED')",
             )
-            .fetch_all(db)
+            .fetch_all(db.pg())
             .await;
             if open.as_ref().is_ok_and(Vec::is_empty) {
                 break;
@@ -483,14 +498,10 @@ impl Env {
             // Polling interval of a condition with a deadline.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let rows: Vec<(String, String, Option<String>)> =
-            sqlx::query_as("SELECT id, state, schedule_id FROM tasks")
-                .fetch_all(db)
-                .await
-                .unwrap();
+        let rows = db.tasks().await.unwrap();
         let state: HashMap<&str, &str> = rows
             .iter()
-            .map(|(id, s, _)| (id.as_str(), s.as_str()))
+            .map(|(id, s, _, _)| (id.as_str(), s.as_str()))
             .collect();
         for id in accepted {
             assert_eq!(
@@ -501,27 +512,23 @@ impl Env {
         }
         let not_ok: Vec<_> = rows.iter().filter(|r| r.1 != "SUCCEEDED").collect();
         assert!(not_ok.is_empty(), "every task SUCCEEDED: {not_ok:?}");
-        let attempts: Vec<(String, String, Option<String>, String)> =
-            sqlx::query_as("SELECT task_id, execution_id, outcome, message FROM attempts")
-                .fetch_all(db)
-                .await
-                .unwrap();
+        let attempts = db.attempts().await.unwrap();
         let extra: Vec<_> = attempts
             .iter()
-            .filter(|a| a.2.as_deref() != Some("SUCCEEDED"))
+            .filter(|a| a.6.as_deref() != Some("SUCCEEDED"))
             .collect();
         assert!(
             extra.is_empty(),
             "every task ran in one attempt; these ended otherwise: {extra:?}"
         );
-        let text = std::fs::read_to_string(self.cluster.path("ledger-w1")).unwrap();
+        let ledger = read_ledger(&self.cluster.path("ledger-w1"));
         let mut runs: HashMap<&str, Vec<&str>> = HashMap::new();
-        for line in text.lines() {
-            let f: Vec<&str> = line.split(' ').collect();
-            assert_eq!(f.len(), 4, "a whole ledger line: {line:?}");
-            runs.entry(f[0]).or_default().push(f[2]);
+        for line in &ledger {
+            runs.entry(&line.task_id)
+                .or_default()
+                .push(&line.execution_id);
         }
-        for (task, execution, _, _) in &attempts {
+        for (task, _, execution, ..) in &attempts {
             assert_eq!(
                 runs.get(task.as_str()).map(Vec::as_slice),
                 Some(&[execution.as_str()][..]),
@@ -533,7 +540,7 @@ impl Env {
             tasks: rows.len(),
             submitted: accepted.len(),
             fired: rows.iter().filter(|r| r.2.is_some()).count(),
-            executions: text.lines().count(),
+            executions: ledger.len(),
         }
     }
 }
@@ -593,35 +600,6 @@ async fn submit(
     .map(|r| r.into_inner().task_id)
 }
 
-async fn every_second(api: &mut TaskApiClient<Channel>) -> String {
-    api.create_schedule(pb::CreateScheduleRequest {
-        schedule: Some(pb::Schedule {
-            kind: pb::ScheduleKind::Cron as i32,
-            cron_expression: "* * * * * *".into(),
-            time_zone: "UTC".into(),
-            template: Some(pb::TaskTemplate {
-                handler: "echo".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    })
-    .await
-    .expect("create the schedule")
-    .into_inner()
-    .schedule
-    .unwrap()
-    .schedule_id
-}
-
-async fn pause(api: &mut TaskApiClient<Channel>, schedule: &str) {
-    api.pause_schedule(pb::PauseScheduleRequest {
-        schedule_id: schedule.into(),
-    })
-    .await
-    .expect("pause the schedule");
-}
-
 async fn wait_health(grpc: u16, want: ServingStatus) {
     let addr = format!("http://127.0.0.1:{grpc}");
     wait_for(
@@ -650,58 +628,23 @@ async fn wait_health(grpc: u16, want: ServingStatus) {
     .await;
 }
 
-/// Lease renewals that failed so far (the coordinator's call histogram).
-async fn renew_failures(http: u16) -> f64 {
-    let text = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .unwrap()
-        .get(format!("http://127.0.0.1:{http}/metrics"))
-        .send()
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
-        .filter(|l| {
-            l.starts_with("taskmesh_coord_call_duration_seconds_count{")
-                && l.contains(r#"op="acquire_or_renew""#)
-                && l.contains(r#"outcome="error""#)
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
-
-async fn fires(db: &sqlx::PgPool, schedule: &str) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM schedule_fires WHERE schedule_id = $1")
-        .bind(schedule)
-        .fetch_one(db)
-        .await
-        .unwrap()
-}
-
-async fn fires_between(db: &sqlx::PgPool, schedule: &str, from: i64, to: i64) -> i64 {
-    sqlx::query_scalar(
+async fn fires_between(db: &Db, schedule: &str, from: i64, to: i64) -> i64 {
+    db.int(
         "SELECT COUNT(*) FROM schedule_fires WHERE schedule_id = $1 AND handled_at > $2 AND handled_at < $3",
+        &[Arg::Text(schedule), Arg::Int(from), Arg::Int(to)],
     )
-    .bind(schedule)
-    .bind(from)
-    .bind(to)
-    .fetch_one(db)
     .await
     .unwrap()
+    .unwrap_or(0)
 }
 
 /// When the newest fire was handled (0 before the first); a database that
 /// does not answer reads as 0.
-async fn last_fire_handled(db: &sqlx::PgPool, schedule: &str) -> i64 {
-    sqlx::query_scalar::<_, Option<i64>>(
+async fn last_fire_handled(db: &Db, schedule: &str) -> i64 {
+    db.int(
         "SELECT MAX(handled_at) FROM schedule_fires WHERE schedule_id = $1",
+        &[Arg::Text(schedule)],
     )
-    .bind(schedule)
-    .fetch_one(db)
     .await
     .ok()
     .flatten()
@@ -710,11 +653,11 @@ async fn last_fire_handled(db: &sqlx::PgPool, schedule: &str) -> i64 {
 
 /// How many of `ids` are in `state`; a database that does not answer
 /// counts none.
-async fn count_in(db: &sqlx::PgPool, ids: &[String], state: &str) -> usize {
+async fn count_in(db: &Db, ids: &[String], state: &str) -> usize {
     sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM tasks WHERE id = ANY($1) AND state = $2")
         .bind(ids)
         .bind(state)
-        .fetch_one(db)
+        .fetch_one(db.pg())
         .await
         .map_or(0, |n| n as usize)
 }

@@ -5,8 +5,6 @@
 //! predecessor's lease, and registry entries of a replica that stopped
 //! refreshing them expire.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,35 +12,25 @@ use async_trait::async_trait;
 use taskmesh_coord::conformance::entry;
 use taskmesh_coord::{Coordinator, Error, RedisCoordinator, RedisOptions, TokenFloor};
 use taskmesh_core::{Clock, SystemClock};
+use taskmesh_testkit::services::{SharedRedis, connect_redis};
+use taskmesh_testkit::wait_for;
 
 /// A key prefix on the shared server, deleted when dropped.
-struct Prefix {
-    url: String,
-    prefix: String,
-}
+struct Prefix(SharedRedis);
 
 impl Prefix {
     fn new() -> Self {
-        Self {
-            url: common::shared_url(),
-            prefix: common::fresh_prefix(),
-        }
+        Self(SharedRedis::new())
     }
 
     fn options(&self, node_id: &str) -> RedisOptions {
-        let mut opts = RedisOptions::new(&self.url, node_id);
-        opts.key_prefix = self.prefix.clone();
+        let mut opts = RedisOptions::new(&self.0.url, node_id);
+        opts.key_prefix = self.0.prefix.clone();
         opts
     }
 
     async fn open(&self, node_id: &str) -> RedisCoordinator {
-        common::connect(self.options(node_id)).await
-    }
-}
-
-impl Drop for Prefix {
-    fn drop(&mut self) {
-        common::delete_prefix(&self.url, &self.prefix);
+        connect_redis(self.options(node_id)).await
     }
 }
 
@@ -158,11 +146,11 @@ async fn registry_entries_not_put_again_expire_and_leave_the_index() {
     let p = Prefix::new();
     let mut opts = p.options("a");
     opts.worker_ttl = Duration::from_millis(300);
-    let short = common::connect(opts).await;
+    let short = connect_redis(opts).await;
     let long = p.open("b").await;
     short.put_worker(entry("s1", "a")).await.unwrap();
     long.put_worker(entry("s2", "b")).await.unwrap();
-    common::wait_for("s1 to expire", Duration::from_secs(10), || async {
+    wait_for("s1 to expire", Duration::from_secs(10), || async {
         let ids: Vec<_> = long
             .list_workers()
             .await
@@ -173,10 +161,10 @@ async fn registry_entries_not_put_again_expire_and_leave_the_index() {
         (ids == ["s2"]).then_some(())
     })
     .await;
-    let client = redis::Client::open(p.url.as_str()).unwrap();
+    let client = redis::Client::open(p.0.url.as_str()).unwrap();
     let mut conn = client.get_connection().unwrap();
     let members: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(format!("{}workers", p.prefix))
+        .arg(format!("{}workers", p.0.prefix))
         .query(&mut conn)
         .unwrap();
     assert_eq!(members, ["s2"], "the listing removed the stale member");

@@ -5,15 +5,14 @@
 //! still newer than before, although the restarted server forgot its
 //! counter.
 
-mod common;
-
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::{PrivateRedis, wait_for};
 use taskmesh_coord::conformance::entry;
 use taskmesh_coord::{Coordinator, Error, RedisCoordinator, RedisOptions};
 use taskmesh_core::ErrorCode;
+use taskmesh_testkit::services::{PrivateRedis, connect_redis};
+use taskmesh_testkit::wait_for;
 
 /// Generous for a loaded two-core machine; `op_timeout` is 1 s.
 const BOUND: Duration = Duration::from_secs(5);
@@ -79,7 +78,7 @@ async fn answers_again(c: &RedisCoordinator) {
 async fn a_killed_server_is_unavailable_quickly_and_a_restarted_one_is_used_again() {
     let mut redis = PrivateRedis::start();
     let port = redis.port;
-    let c = common::connect(options(&redis, "n1")).await;
+    let c = connect_redis(options(&redis, "n1")).await;
     let before = c.acquire_or_renew().await.unwrap().expect("lease");
     c.put_worker(entry("s1", "n1")).await.unwrap();
 
@@ -109,7 +108,7 @@ async fn a_killed_server_is_unavailable_quickly_and_a_restarted_one_is_used_agai
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_never_saw_the_old_tokens_gets_newer_ones_after_redis_lost_its_data() {
     let mut redis = PrivateRedis::start();
-    let old = common::connect(options(&redis, "n1")).await;
+    let old = connect_redis(options(&redis, "n1")).await;
     let mut tokens = Vec::new();
     for _ in 0..3 {
         tokens.push(old.acquire_or_renew().await.unwrap().expect("lease").token);
@@ -118,7 +117,7 @@ async fn a_replica_that_never_saw_the_old_tokens_gets_newer_ones_after_redis_los
     redis.restart();
     // A new process: no memory of any token, no floor source; only the
     // server's clock keeps its token above the forgotten ones.
-    let fresh = common::connect(options(&redis, "n2")).await;
+    let fresh = connect_redis(options(&redis, "n2")).await;
     let lease = fresh.acquire_or_renew().await.unwrap().expect("lease");
     assert!(
         tokens.iter().all(|t| lease.token > *t),
@@ -130,16 +129,16 @@ async fn a_replica_that_never_saw_the_old_tokens_gets_newer_ones_after_redis_los
 async fn a_frozen_server_times_out_instead_of_hanging_and_is_used_again_when_it_thaws() {
     let redis = PrivateRedis::start();
     let port = redis.port;
-    let c = common::connect(options(&redis, "n1")).await;
+    let c = connect_redis(options(&redis, "n1")).await;
     let before = c.acquire_or_renew().await.unwrap().expect("lease");
 
-    redis.signal("STOP");
+    redis.signal(libc::SIGSTOP);
     let text = unavailable("ping", port, c.ping()).await;
     assert!(text.contains("ping"), "{text}");
     unavailable("acquire_or_renew", port, c.acquire_or_renew()).await;
     unavailable("put_worker", port, c.put_worker(entry("s1", "n1"))).await;
 
-    redis.signal("CONT");
+    redis.signal(libc::SIGCONT);
     answers_again(&c).await;
     let after = c.acquire_or_renew().await.unwrap().expect("still ours");
     assert_eq!(after.token, before.token, "the lease survived the freeze");

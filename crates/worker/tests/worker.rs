@@ -10,27 +10,10 @@ use taskmesh::v1::{
     RejectReason, TaskComplete, WorkerDrain, connect_request::Message as Up, connect_response,
     task_complete,
 };
-use taskmesh_worker::{Error, Output, Worker, WorkerHandle, WorkerOptions, builtin, handler_fn};
+use taskmesh_testkit::TestWorker;
+use taskmesh_worker::{Error, Output, Worker, WorkerOptions, builtin, handler_fn};
 use tokio::sync::Semaphore;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-struct Running {
-    handle: WorkerHandle,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), Error>>,
-}
-
-impl Running {
-    async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("run() did not return")
-            .unwrap()
-            .unwrap();
-    }
-}
 
 fn options(servers: Vec<String>, concurrency: u32) -> WorkerOptions {
     let mut opts = WorkerOptions::new(servers);
@@ -51,15 +34,8 @@ fn with_builtins(opts: WorkerOptions) -> Worker {
     worker
 }
 
-fn start(worker: Worker) -> Running {
-    let handle = worker.handle();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(worker.run(shutdown.clone()));
-    Running {
-        handle,
-        shutdown,
-        task,
-    }
+fn start(worker: Worker) -> TestWorker {
+    TestWorker::spawn(worker)
 }
 
 async fn expect_ack(conn: &mut Conn, execution_id: &str) {
@@ -114,6 +90,7 @@ async fn registers_first_with_handlers_and_capacity() {
     assert!(running.handle.is_connected());
     assert_eq!(running.handle.sessions(), 1);
     running.stop().await;
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -132,6 +109,7 @@ async fn echo_acks_then_completes_with_payload() {
         other => panic!("expected success, got {other:?}"),
     }
     running.stop().await;
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -151,6 +129,7 @@ async fn over_capacity_is_rejected_busy() {
     expect_ack(&mut conn, "e3").await;
     expect_complete(&mut conn, "e3").await;
     running.stop().await;
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -161,6 +140,7 @@ async fn unknown_handler_is_rejected() {
     conn.assign("e1", "nope", 1, b"{}");
     expect_reject(&mut conn, "e1", RejectReason::UnknownHandler).await;
     running.stop().await;
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -175,6 +155,7 @@ async fn cancel_reaches_the_handler() {
     assert_eq!(message, "cancelled");
     assert!(retryable);
     running.stop().await;
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -194,11 +175,12 @@ async fn shutdown_drains_running_tasks() {
         "{result:?}"
     );
     conn.closed().await;
-    tokio::time::timeout(WAIT, running.task)
+    tokio::time::timeout(WAIT, running.join)
         .await
         .expect("run() did not return after draining")
         .unwrap()
         .unwrap();
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -221,6 +203,7 @@ async fn server_drain_finishes_work_then_reconnects() {
     assert!(running.handle.wait_connected(WAIT).await);
     assert_eq!(running.handle.sessions(), 2);
     running.stop().await;
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -236,6 +219,7 @@ async fn fails_over_to_the_next_server() {
     expect_ack(&mut conn, "e1").await;
     expect_complete(&mut conn, "e1").await;
     running.stop().await;
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -258,6 +242,7 @@ async fn fail_handler_fails_the_first_attempts() {
         }
     }
     running.stop().await;
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -286,6 +271,7 @@ async fn heartbeats_report_load() {
     assert_eq!(heartbeat.active, 0);
     assert!(heartbeat.avg_cost_ms > 0.0);
     running.stop().await;
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -312,6 +298,7 @@ async fn panicking_handler_is_a_retryable_failure() {
     expect_ack(&mut conn, "e2").await;
     expect_complete(&mut conn, "e2").await;
     running.stop().await;
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -347,6 +334,7 @@ async fn results_of_a_dead_session_are_dropped() {
         expect_complete(&mut conn2, id).await;
     }
     running.stop().await;
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -360,7 +348,7 @@ async fn invalid_options_fail_fast() {
 }
 
 /// A push worker on servers [A, B] whose refreshes at A fail as scripted.
-async fn push_worker_against(a: &Server, b: &Server) -> Running {
+async fn push_worker_against(a: &Server, b: &Server) -> TestWorker {
     let mut opts = options(vec![a.addr.clone(), b.addr.clone()], 2);
     opts.push_listen = Some("127.0.0.1:0".parse().unwrap());
     start(with_builtins(opts))
@@ -401,6 +389,8 @@ async fn one_failed_push_refresh_is_tried_again_at_the_same_server() {
     );
     assert_eq!(w.handle.sessions(), 1, "the session was kept");
     w.stop().await;
+    a.stop().await;
+    b.stop().await;
 }
 
 #[tokio::test]
@@ -416,4 +406,6 @@ async fn push_refreshes_failing_twice_in_a_row_move_to_the_next_server() {
     );
     assert_eq!(b.push_calls()[0], "", "at B the worker registers afresh");
     w.stop().await;
+    a.stop().await;
+    b.stop().await;
 }

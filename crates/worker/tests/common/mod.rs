@@ -15,9 +15,9 @@ use taskmesh::v1::{
     ConnectRequest, ConnectResponse, Payload, TaskAssignment, TaskCancel, WorkerHeartbeat,
     WorkerRegistered, WorkerRegistration, connect_request, connect_response,
 };
+use taskmesh_testkit::background::BackgroundServer;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
@@ -30,7 +30,7 @@ pub struct Server {
     /// `http://127.0.0.1:PORT`.
     pub addr: String,
     conns: mpsc::UnboundedReceiver<Conn>,
-    task: JoinHandle<()>,
+    server: BackgroundServer,
     push: Arc<PushScript>,
 }
 
@@ -41,12 +41,6 @@ struct PushScript {
     fail: Vec<usize>,
     /// The session id each call carried, in order.
     calls: Mutex<Vec<String>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 impl Server {
@@ -71,19 +65,22 @@ impl Server {
             conns: conns_tx,
             push: push.clone(),
         };
-        let task = tokio::spawn(async move {
+        let server = BackgroundServer::spawn("the scripted dispatcher", |stop| {
             tonic::transport::Server::builder()
                 .add_service(DispatcherServer::new(svc))
-                .serve_with_incoming(TcpIncoming::from(listener))
-                .await
-                .unwrap();
+                .serve_with_incoming_shutdown(TcpIncoming::from(listener), stop.cancelled_owned())
         });
         Server {
             addr,
             conns,
-            task,
+            server,
             push,
         }
+    }
+
+    /// Stops the server, failing the test if it failed or panicked.
+    pub async fn stop(self) {
+        self.server.stop().await;
     }
 
     /// The session id each push registration carried ("" = a first one).

@@ -82,6 +82,31 @@ impl Rest {
         reply.json["task"].clone()
     }
 
+    /// Waits until the task is in state `want` (its JSON name, e.g.
+    /// `TASK_STATE_SUCCEEDED`), failing the test after `limit`; returns it.
+    pub async fn wait_state(&self, id: &str, want: &str, limit: Duration) -> Value {
+        crate::wait_for(&format!("task {id} to be {want}"), limit, || async {
+            let task = self.task(id).await;
+            (state_of(&task) == want).then_some(task)
+        })
+        .await
+    }
+
+    /// Waits until the task's callback is in state `want` (e.g.
+    /// `CALLBACK_STATE_DELIVERED`), failing the test after `limit`; returns
+    /// the task.
+    pub async fn wait_callback(&self, id: &str, want: &str, limit: Duration) -> Value {
+        crate::wait_for(
+            &format!("the callback of {id} to be {want}"),
+            limit,
+            || async {
+                let task = self.task(id).await;
+                (task["callback"]["state"] == want).then_some(task)
+            },
+        )
+        .await
+    }
+
     /// How many tasks the node holds (up to 1000).
     pub async fn count_tasks(&self) -> usize {
         let reply = self

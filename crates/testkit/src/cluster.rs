@@ -1,0 +1,147 @@
+//! A cluster of real processes for the chaos, fencing and outage tests: a
+//! private database (Postgres or MariaDB) and a private Redis
+//! ([`crate::services`]), `taskmesh serve` replicas and `taskmesh worker`
+//! processes of the binary the test names, each killed when its handle
+//! drops; plus the readings the tests make from outside (the lease key in
+//! Redis, the database through [`Db`]).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use taskmesh_store::DatabaseKind;
+
+use crate::db::Db;
+use crate::process::{Child, WorkerProcess, free_port, spawn_server};
+use crate::services::{PrivateMariadb, PrivatePostgres, PrivateRedis};
+
+/// Lease TTL of the test clusters: short, so a takeover is quick.
+pub const LEASE_TTL: Duration = Duration::from_secs(3);
+/// Lease renew interval of the test clusters.
+pub const LEASE_RENEW: Duration = Duration::from_secs(1);
+/// Redis key prefix of the test clusters.
+pub const PREFIX: &str = "chaos:";
+
+/// The private database of a cluster.
+pub enum PrivateDatabase {
+    Postgres(PrivatePostgres),
+    Mariadb(PrivateMariadb),
+}
+
+impl PrivateDatabase {
+    /// Starts a private server of `kind`.
+    pub async fn start(kind: DatabaseKind) -> Self {
+        match kind {
+            DatabaseKind::Postgres => Self::Postgres(PrivatePostgres::start()),
+            DatabaseKind::Mysql => Self::Mariadb(PrivateMariadb::start().await),
+        }
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> String {
+        match self {
+            Self::Postgres(pg) => pg.url(),
+            Self::Mariadb(db) => db.url(),
+        }
+    }
+
+    /// Which kind of server it is.
+    pub fn kind(&self) -> DatabaseKind {
+        match self {
+            Self::Postgres(_) => DatabaseKind::Postgres,
+            Self::Mariadb(_) => DatabaseKind::Mysql,
+        }
+    }
+}
+
+/// The shared services of one test cluster, the binary its processes run
+/// and its working directory (logs, ledgers, fault-hook files).
+pub struct Cluster {
+    pub bin: PathBuf,
+    pub database: PrivateDatabase,
+    pub redis: PrivateRedis,
+    pub dir: tempfile::TempDir,
+}
+
+/// One `taskmesh serve` process.
+pub struct Replica {
+    pub grpc: u16,
+    pub http: u16,
+    pub child: Child,
+}
+
+impl Replica {
+    /// `http://127.0.0.1:{grpc}`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc)
+    }
+}
+
+impl Cluster {
+    /// Starts a private database of `kind` and a private Redis; its
+    /// processes will run `bin`.
+    pub async fn start(bin: &Path, kind: DatabaseKind) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self {
+            bin: bin.to_path_buf(),
+            database: PrivateDatabase::start(kind).await,
+            redis: PrivateRedis::start(),
+            dir,
+        }
+    }
+
+    /// The private Postgres (for tests written for Postgres only).
+    pub fn pg(&self) -> &PrivatePostgres {
+        match &self.database {
+            PrivateDatabase::Postgres(pg) => pg,
+            PrivateDatabase::Mariadb(_) => panic!("this cluster runs on MariaDB"),
+        }
+    }
+
+    /// The flags every replica gets.
+    fn serve_flags(&self) -> Vec<String> {
+        vec![
+            "--database-url".into(),
+            self.database.url(),
+            "--redis-url".into(),
+            self.redis.url(),
+            "--redis-prefix".into(),
+            PREFIX.into(),
+            "--lease-ttl".into(),
+            format!("{}ms", LEASE_TTL.as_millis()),
+            "--lease-renew".into(),
+            format!("{}ms", LEASE_RENEW.as_millis()),
+        ]
+    }
+
+    /// Starts a replica on `grpc`/`http` (fresh ports when `None`) with
+    /// `envs`, and waits until it answers.
+    pub async fn replica(&self, ports: Option<(u16, u16)>, envs: &[(&str, &str)]) -> Replica {
+        let (grpc, http) = ports.unwrap_or_else(|| (free_port(), free_port()));
+        let flags = self.serve_flags();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let child = spawn_server(&self.bin, self.dir.path(), (grpc, http), &flags, envs).await;
+        Replica { grpc, http, child }
+    }
+
+    /// `taskmesh worker` `id` on `servers` (tried in that order), its log
+    /// in the working directory: configure it, then `spawn()`.
+    pub fn worker(&self, id: &str, servers: &[String]) -> WorkerProcess {
+        WorkerProcess::new(&self.bin, id, servers, self.dir.path())
+    }
+
+    /// A file in the working directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A small pool on the cluster's database, for reading the record.
+    pub async fn db(&self) -> Db {
+        Db::connect(&self.database.url()).await
+    }
+
+    /// The lease holder's token, from `{prefix}leader = "{token}:{owner}"`.
+    pub fn leader_token(&self) -> Option<u64> {
+        let v = self.redis.get(&format!("{PREFIX}leader"))?;
+        v.split_once(':')?.0.parse().ok()
+    }
+}
