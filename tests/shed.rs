@@ -1,0 +1,155 @@
+//! Load shedding on a real node with `max_concurrent_requests = 1`: while a
+//! call holds the only slot, another is refused at once with
+//! RESOURCE_EXHAUSTED (health checks too: they pass through the same
+//! layer); a `Dispatcher.Connect` stream holds the slot only until its
+//! response starts (after its register message), so a live worker stream
+//! does not starve unary calls.
+
+use std::time::Duration;
+
+use taskmesh::v1::{
+    self as pb, connect_request::Message as In, connect_response::Message as Out,
+    dispatcher_client::DispatcherClient,
+};
+use taskmesh_testkit::*;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+const MESSAGE: &str = "server is at its limit of 1 requests in flight; retry with backoff";
+const LIMIT: Duration = Duration::from_secs(10);
+
+type Opening = tokio::task::JoinHandle<
+    Result<tonic::Response<tonic::Streaming<pb::ConnectResponse>>, tonic::Status>,
+>;
+
+/// Opens a `Connect` stream that sends nothing yet: the call is in flight
+/// (the server waits for the register message) until the test sends one.
+async fn open_connect(addr: std::net::SocketAddr) -> (mpsc::Sender<pb::ConnectRequest>, Opening) {
+    let (tx, rx) = mpsc::channel(8);
+    let mut client = DispatcherClient::new(channel(addr).await);
+    let opening = tokio::spawn(async move { client.connect(ReceiverStream::new(rx)).await });
+    (tx, opening)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_shed_while_another_holds_the_slot_and_a_live_stream_holds_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = node_options(dir.path());
+    opts.dispatcher.max_concurrent_requests = 1;
+    // The server waits three heartbeat intervals for a register message.
+    opts.dispatcher.heartbeat_interval = Duration::from_secs(10);
+    let node = start_node(opts).await;
+    let mut api = api(node.grpc_addr).await;
+    let mut health = HealthClient::new(channel(node.grpc_addr).await);
+
+    // The opening Connect holds the slot. Until it reached the server a
+    // probe may find the slot free (or take it from the opening call, which
+    // is then refused itself and opened again).
+    let (mut tx, mut opening) = open_connect(node.grpc_addr).await;
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let refused = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no call was shed within {LIMIT:?}"
+        );
+        if opening.is_finished() {
+            let status = opening.await.unwrap().expect_err("no register was sent");
+            assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+            (tx, opening) = open_connect(node.grpc_addr).await;
+            continue;
+        }
+        match api.list_tasks(pb::ListTasksRequest::default()).await {
+            Err(status) if status.code() == Code::ResourceExhausted => break status,
+            Ok(_) => {}
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+        // Polling interval of a condition with a deadline.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(refused.message(), MESSAGE);
+    // While it is held, every call is refused at once, health checks too.
+    let started = tokio::time::Instant::now();
+    let again = api
+        .get_task(pb::GetTaskRequest {
+            task_id: "any".into(),
+        })
+        .await
+        .expect_err("the slot is still held");
+    assert_eq!(
+        (again.code(), again.message()),
+        (Code::ResourceExhausted, MESSAGE)
+    );
+    let probe = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect_err("health checks pass through the limit");
+    assert_eq!(probe.code(), Code::ResourceExhausted, "{probe:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refusals are immediate, not queued: {:?}",
+        started.elapsed()
+    );
+    assert!(!opening.is_finished(), "the holder is still waiting");
+
+    // The register message starts the stream's response: the slot is free.
+    tx.send(pb::ConnectRequest {
+        message: Some(In::Register(pb::WorkerRegistration {
+            worker_id: "w".into(),
+            name: "w".into(),
+            handlers: vec!["echo".into()],
+            capacity: 4,
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    let mut stream = tokio::time::timeout(LIMIT, opening)
+        .await
+        .expect("the stream opens")
+        .unwrap()
+        .expect("the stream is accepted")
+        .into_inner();
+    let first = stream.message().await.unwrap().expect("registered");
+    assert!(
+        matches!(first.message, Some(Out::Registered(_))),
+        "{first:?}"
+    );
+
+    // With the stream live, calls one after another all get through, and
+    // the stream still carries work.
+    for _ in 0..20 {
+        api.list_tasks(pb::ListTasksRequest::default())
+            .await
+            .expect("a live stream holds no slot");
+    }
+    health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health answers");
+    let id = submit(&mut api, "echo", b"{}").await;
+    let assigned = loop {
+        let m = tokio::time::timeout(LIMIT, stream.message())
+            .await
+            .expect("an assignment in time")
+            .unwrap()
+            .expect("the stream is open");
+        if let Some(Out::Assign(a)) = m.message {
+            break a;
+        }
+    };
+    assert_eq!(assigned.task_id, id);
+
+    drop(tx);
+    tokio::time::timeout(LIMIT, async {
+        while let Ok(Some(_)) = stream.message().await {}
+    })
+    .await
+    .expect("the server ends the closed stream");
+    stop_node(node).await;
+}
