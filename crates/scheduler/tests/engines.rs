@@ -4,7 +4,8 @@
 //!   millisecond), with slack for a shared, noisy machine: these bounds
 //!   catch an engine that misses items, not one that is slow (lateness is
 //!   measured by `taskmesh bench --scenario cron`);
-//! - see items created after it started, and stop firing deleted schedules.
+//! - see items created after it started, and stop firing deleted schedules
+//!   (checked with a marker due after the next fire time: no quiet period).
 //!
 //! It runs on the real clock: tokio's paused clock advances whenever the
 //! runtime idles, which it does while SQLite I/O runs on its own thread, so
@@ -22,6 +23,7 @@ use taskmesh_core::schedule::{
 use taskmesh_core::{Clock, NewTask, RetryPolicy, SystemClock, TaskState, UnixMillis, id};
 use taskmesh_scheduler::{EngineKind, Scheduler, SchedulerOptions};
 use taskmesh_store::{SqliteStore, Store, TaskFilter};
+use taskmesh_testkit::wait_for;
 use tokio_util::sync::CancellationToken;
 
 const POLL: Duration = Duration::from_millis(100);
@@ -110,22 +112,6 @@ fn every_second(clock: &SystemClock) -> ScheduleRecord {
     s
 }
 
-/// Polls `check` until it holds, failing after `limit`.
-async fn until<F, Fut>(what: &str, limit: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what} within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 async fn conformance(kind: EngineKind, granularity_ms: i64) {
     let run = start(kind).await;
     let store = run.store.clone();
@@ -144,7 +130,7 @@ async fn conformance(kind: EngineKind, granularity_ms: i64) {
     let schedule = every_second(&run.clock);
     store.create_schedule(&schedule).await.unwrap();
 
-    until(
+    wait_for(
         "the first three delayed tasks to be READY",
         Duration::from_secs(10),
         || {
@@ -153,10 +139,10 @@ async fn conformance(kind: EngineKind, granularity_ms: i64) {
             async move {
                 for id in ids {
                     if store.get_task(&id).await.unwrap().unwrap().state != TaskState::Ready {
-                        return false;
+                        return None;
                     }
                 }
-                true
+                Some(())
             }
         },
     )
@@ -170,20 +156,25 @@ async fn conformance(kind: EngineKind, granularity_ms: i64) {
             .task
     };
     tasks.push(late_comer.clone());
-    until(
+    wait_for(
         "the task created after start-up to be READY",
         Duration::from_secs(10),
         || {
             let store = store.clone();
             let id = late_comer.id.clone();
-            async move { store.get_task(&id).await.unwrap().unwrap().state == TaskState::Ready }
+            async move {
+                (store.get_task(&id).await.unwrap().unwrap().state == TaskState::Ready)
+                    .then_some(())
+            }
         },
     )
     .await;
-    until("the last task to be READY", Duration::from_secs(10), || {
+    wait_for("the last task to be READY", Duration::from_secs(10), || {
         let store = store.clone();
         let id = tasks[3].id.clone();
-        async move { store.get_task(&id).await.unwrap().unwrap().state == TaskState::Ready }
+        async move {
+            (store.get_task(&id).await.unwrap().unwrap().state == TaskState::Ready).then_some(())
+        }
     })
     .await;
     for t in &tasks {
@@ -204,13 +195,13 @@ async fn conformance(kind: EngineKind, granularity_ms: i64) {
     }
 
     // The schedule fires every second, never early, and stops once deleted.
-    until(
+    wait_for(
         "three fires of the schedule",
         Duration::from_secs(10),
         || {
             let store = store.clone();
             let id = schedule.id.clone();
-            async move { store.recent_fires(&id, 10).await.unwrap().len() >= 3 }
+            async move { (store.recent_fires(&id, 10).await.unwrap().len() >= 3).then_some(()) }
         },
     )
     .await;
@@ -231,22 +222,49 @@ async fn conformance(kind: EngineKind, granularity_ms: i64) {
         assert_eq!(f.fire_at % 1_000, 0, "fires on whole seconds");
     }
     assert!(store.delete_schedule(&schedule.id).await.unwrap());
-    let count = |store: Arc<dyn Store>| async move {
-        store
-            .list_tasks(&TaskFilter {
-                limit: 1_000,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .tasks
-            .len()
+    let fired = |store: Arc<dyn Store>| {
+        let id = schedule.id.clone();
+        async move {
+            store
+                .list_tasks(&TaskFilter {
+                    limit: 1_000,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .tasks
+                .iter()
+                .filter(|t| t.schedule_id.as_deref() == Some(id.as_str()))
+                .count()
+        }
     };
-    let before = count(store.clone()).await;
-    // Negative check: a fire would come within a second; allow two.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = fired(store.clone()).await;
+    // Negative check without a quiet period: a marker task due after the
+    // next whole second (the schedule's next fire time) plus the engine's
+    // granularity. Both engines handle items in time order, so once the
+    // marker is READY that fire time has been handled too.
+    let now = run.clock.now_millis();
+    let next_second = (now / 1_000 + 1) * 1_000;
+    let marker = store
+        .create_task(delayed(next_second + granularity_ms), "fp", now)
+        .await
+        .unwrap()
+        .task;
+    wait_for(
+        "the marker after the next fire time to be READY",
+        Duration::from_secs(10),
+        || {
+            let store = store.clone();
+            let id = marker.id.clone();
+            async move {
+                (store.get_task(&id).await.unwrap().unwrap().state == TaskState::Ready)
+                    .then_some(())
+            }
+        },
+    )
+    .await;
     assert_eq!(
-        count(store.clone()).await,
+        fired(store.clone()).await,
         before,
         "a deleted schedule does not fire"
     );
