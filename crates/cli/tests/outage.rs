@@ -97,7 +97,7 @@ async fn a_redis_outage_deposes_the_leader_and_everything_resumes_by_itself() {
     let log = env.cluster.path(&format!("serve-{}.log", env.node.grpc));
     let refresh_failures = || {
         std::fs::read_to_string(&log)
-            .unwrap_or_default()
+            .expect("the server's log")
             .matches("cannot refresh the worker's cluster-wide entry")
             .count()
     };
@@ -296,7 +296,7 @@ async fn a_postgres_outage_answers_unavailable_and_loses_no_task() {
     let log = env.cluster.path(&format!("serve-{}.log", env.node.grpc));
     let write_failures = || {
         std::fs::read_to_string(&log)
-            .unwrap_or_default()
+            .expect("the server's log")
             .matches("batched write failed")
             .count()
     };

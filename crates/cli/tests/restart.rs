@@ -141,8 +141,9 @@ async fn a_restart_of_serve_applies_the_misfire_policy() {
 
     server.kill();
     let down_at = std::time::Instant::now();
-    // Downtime is the subject here: long enough for several missed fires
-    // beyond the 1.5 s misfire threshold.
+    // Not a synchronisation: the downtime is this test's input, long enough
+    // for several missed fires beyond the 1.5 s misfire threshold (nothing
+    // runs meanwhile that could be waited for).
     tokio::time::sleep(Duration::from_secs(4)).await;
     let _server = spawn_server(BIN.as_ref(), dir.path(), (grpc, http), &flags, &[]).await;
     let api = taskmesh_testkit::api(addr).await;

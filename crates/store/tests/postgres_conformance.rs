@@ -16,6 +16,7 @@ use taskmesh_core::ErrorCode;
 use taskmesh_store::conformance::{StoreFixture, T0, new_task};
 use taskmesh_store::postgres::scratch::ScratchSchema;
 use taskmesh_store::{Error, PostgresOptions, PostgresStore, Store};
+use taskmesh_testkit::wait_for;
 
 /// A fresh schema; every `open` connects a new store (new pool, new
 /// listener) to it, so a reopen sees what the previous store committed and
@@ -71,18 +72,12 @@ async fn lost_notification_connection_resyncs_and_recovers() {
         .expect("terminate");
     assert!(killed);
     resynced(&mut on_b).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let new = loop {
-        if let Some(pid) = b.listener_backend_pid().filter(|pid| *pid != old) {
-            break pid;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no new LISTEN connection within 20 s"
-        );
-        // Polling interval of a condition with a deadline.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let new = wait_for(
+        "a new LISTEN connection",
+        Duration::from_secs(20),
+        || async { b.listener_backend_pid().filter(|pid| *pid != old) },
+    )
+    .await;
     assert_ne!(new, old);
     let mut on_b = b.subscribe();
     let t = a

@@ -10,7 +10,7 @@ use taskmesh::v1::{
     RejectReason, TaskComplete, WorkerDrain, connect_request::Message as Up, connect_response,
     task_complete,
 };
-use taskmesh_testkit::TestWorker;
+use taskmesh_testkit::{TestWorker, wait_for};
 use taskmesh_worker::{Error, Output, Worker, WorkerOptions, builtin, handler_fn};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -356,17 +356,12 @@ async fn push_worker_against(a: &Server, b: &Server) -> TestWorker {
 
 /// Waits until `server` has seen `n` push registrations.
 async fn wait_push_calls(server: &Server, n: usize) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while server.push_calls().len() < n {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} push registrations at {} after {WAIT:?}, want {n}",
-            server.push_calls().len(),
-            server.addr
-        );
-        // Polling a condition with a deadline.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for(
+        &format!("{n} push registrations at {}", server.addr),
+        WAIT,
+        || async { (server.push_calls().len() >= n).then_some(()) },
+    )
+    .await;
 }
 
 #[tokio::test]
