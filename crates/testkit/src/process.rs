@@ -66,7 +66,10 @@ impl Child {
     /// Fails the test if the process exited by itself.
     pub fn assert_alive(&mut self) {
         if let Some(status) = self.exited() {
-            panic!("{}", self.died(status));
+            let died = self.died(status);
+            // Reaped: reported once, not again when dropped.
+            self.child = None;
+            panic!("{died}");
         }
     }
 
