@@ -57,19 +57,9 @@ async fn a_killed_server_keeps_every_task_and_finishes_the_running_ones() {
             .into_inner();
         delayed.push(r.task_id);
     }
-    wait_for("the sleep tasks to run", Duration::from_secs(20), || {
-        let mut api = api.clone();
-        let ids = running.clone();
-        async move {
-            for id in &ids {
-                if state(&get(&mut api, id).await) != pb::TaskState::Running {
-                    return None;
-                }
-            }
-            Some(())
-        }
-    })
-    .await;
+    for id in &running {
+        wait_task_state(&api, id, pb::TaskState::Running, Duration::from_secs(20)).await;
+    }
 
     server.kill();
     let _server = spawn_server(BIN.as_ref(), dir.path(), (grpc, http), &[], &[]).await;
