@@ -1,5 +1,6 @@
 //! End to end over real gRPC on loopback, on a temporary SQLite file:
-//! submit → push → ACK → result, worker loss, ACK timeouts, least-active.
+//! submit → push → ACK → result, ACK timeouts, least-active. (A killed
+//! `taskmesh worker` process: `crates/cli/tests/worker_kill.rs`.)
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

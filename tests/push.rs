@@ -1,7 +1,8 @@
 //! Push mode end to end over real gRPC on loopback: workers that serve
 //! `taskmesh.v1.Worker`, register their address and get tasks as
 //! `Worker.Execute` calls; their loss, their place in the balancer, bad
-//! input to the push RPCs, and stale results.
+//! input to the push RPCs, and stale results. (A killed push worker
+//! process: `crates/cli/tests/worker_kill.rs`.)
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -1,6 +1,6 @@
-//! A restart of `taskmesh serve` (SIGKILL, then start again on the same data
-//! directory) keeps every task; attempts that were running are taken back
-//! and finish after the restart.
+//! A node started again on the data of an earlier life leads with a token
+//! above the fence that life left in the store. (Restarts of `taskmesh
+//! serve` as a killed process run the binary: `crates/cli/tests/restart.rs`.)
 
 use std::time::Duration;
 
