@@ -3,7 +3,7 @@
 //! MariaDB 10.6+, InnoDB.
 //!
 //! The algorithms are the one SQL implementation (`crate::sql`); this file
-//! connects and is its [`Backend`]: `?` placeholders, row locks (`FOR
+//! connects and is its [`Backend`](crate::sql::Backend): `?` placeholders, row locks (`FOR
 //! UPDATE`, claims with `SKIP LOCKED`), a bulk compare-and-set without
 //! `RETURNING` (`UPDATE … JOIN (SELECT … UNION ALL …)`, whose row count the
 //! portable writer checks), the server clock (`SYSDATE(6)` in UTC), and the
@@ -17,6 +17,7 @@
 //! for tests.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ use sqlx::{Executor, MySql, MySqlPool};
 use taskmesh_core::UnixMillis;
 
 use crate::error::Kind;
-use crate::sql::{Args, Backend, BulkForm, Dialect, SqlStore, Statements, bind_all};
+use crate::sql::{BulkForm, Dialect, SqlStore, Statements};
 use crate::wake::{Channels, Sink, Transport};
 use crate::{Error, Result, ScheduleChange, TaskChange};
 
@@ -151,11 +152,13 @@ impl MysqlOptions {
 /// clone: clones share the pool, the change channels and the poller.
 pub type MysqlStore = SqlStore<MysqlBackend>;
 
-/// The MySQL [`Backend`].
+/// The MySQL [`Backend`](crate::sql::Backend).
 #[derive(Debug)]
 pub struct MysqlBackend {
     pub(crate) pool: MySqlPool,
     transport: Option<Transport>,
+    /// Polls of the `changes` table that failed since the store connected.
+    poll_failures: Arc<AtomicU64>,
 }
 
 struct ChangesSink {
@@ -210,6 +213,7 @@ impl SqlStore<MysqlBackend> {
         migrate(&pool).await?;
         let channels = Arc::new(Channels::new());
         let mut transport = None;
+        let poll_failures = Arc::new(AtomicU64::new(0));
         if opts.notify {
             let origin = Transport::new_origin();
             // Polling from the newest row before `connect` returns:
@@ -219,13 +223,25 @@ impl SqlStore<MysqlBackend> {
                 origin.clone(),
                 Arc::downgrade(&channels),
                 opts.poll_interval,
+                poll_failures.clone(),
             )
             .await?;
             let sink = ChangesSink { pool: pool.clone() };
             transport = Some(Transport::start(origin, sink, receiver));
         }
         tracing::debug!(notify = opts.notify, "connected MySQL store");
-        Ok(SqlStore::new(MysqlBackend { pool, transport }, channels))
+        let backend = MysqlBackend {
+            pool,
+            transport,
+            poll_failures,
+        };
+        Ok(SqlStore::new(backend, channels))
+    }
+
+    /// How many polls of the `changes` table have failed since the store
+    /// connected (each ends in a resync once polling works again).
+    pub fn poll_failures(&self) -> u64 {
+        self.backend().poll_failures.load(Ordering::Relaxed)
     }
 
     /// Announces the changes still queued for other processes (waiting up
@@ -257,7 +273,9 @@ async fn migrate(pool: &MySqlPool) -> Result<()> {
             "another process has held the migration lock of this database for 60 s".into(),
         ));
     }
-    let result = MIGRATOR.run(&mut *conn).await;
+    // `run_direct` on the connection itself: `run(&mut *conn)` makes the
+    // future not `Send` for every lifetime (sqlx's `Acquire` bound).
+    let result = MIGRATOR.run_direct(None, &mut *conn, false).await;
     let released = sqlx::query("SELECT RELEASE_LOCK(CONCAT('taskmesh-migrate:', DATABASE()))")
         .execute(&mut *conn)
         .await;
@@ -266,10 +284,7 @@ async fn migrate(pool: &MySqlPool) -> Result<()> {
     Ok(())
 }
 
-#[async_trait]
-impl Backend for MysqlBackend {
-    type Tx = sqlx::Transaction<'static, MySql>;
-    type Row = MySqlRow;
+crate::sql::sqlx_backend!(MysqlBackend, MySql, MySqlRow, reads: pool, {
 
     fn sql(&self) -> &'static Statements {
         SQL.get_or_init(|| Statements::render(&DIALECT))
@@ -291,32 +306,6 @@ impl Backend for MysqlBackend {
             .await?)
     }
 
-    async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        Ok(tx.commit().await?)
-    }
-
-    async fn exec(&self, tx: &mut Self::Tx, sql: &'static str, args: Args) -> sqlx::Result<u64> {
-        let done = bind_all(sqlx::query(sql), args).execute(&mut **tx).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn fetch(
-        &self,
-        tx: &mut Self::Tx,
-        sql: &'static str,
-        args: Args,
-    ) -> sqlx::Result<Vec<MySqlRow>> {
-        bind_all(sqlx::query(sql), args).fetch_all(&mut **tx).await
-    }
-
-    async fn raw(&self, tx: &mut Self::Tx, sql: &'static str) -> sqlx::Result<()> {
-        sqlx::raw_sql(sql).execute(&mut **tx).await.map(|_| ())
-    }
-
-    async fn read(&self, sql: &'static str, args: Args) -> sqlx::Result<Vec<MySqlRow>> {
-        bind_all(sqlx::query(sql), args).fetch_all(&self.pool).await
-    }
-
     async fn db_now(&self) -> Result<UnixMillis> {
         Ok(sqlx::query_scalar(DB_NOW).fetch_one(&self.pool).await?)
     }
@@ -326,4 +315,4 @@ impl Backend for MysqlBackend {
             transport.announce(tasks, schedules);
         }
     }
-}
+});

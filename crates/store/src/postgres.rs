@@ -2,7 +2,7 @@
 //! shared by every `serve` replica.
 //!
 //! The algorithms are the one SQL implementation (`crate::sql`); this file
-//! connects and is its [`Backend`]: `$n` placeholders, `jsonb` columns,
+//! connects and is its [`Backend`](crate::sql::Backend): `$n` placeholders, `jsonb` columns,
 //! row locks (`FOR UPDATE`, claims with `SKIP LOCKED`), the server's
 //! `clock_timestamp()`, SQLSTATEs, and its wake-up transport. `unnest`
 //! writes a whole batch in one statement of `UNNEST`ed arrays (the portable
@@ -23,7 +23,7 @@ use sqlx::{PgPool, Postgres};
 use taskmesh_core::UnixMillis;
 
 use crate::error::Kind;
-use crate::sql::{Args, Backend, Batch, BulkForm, Dialect, SqlStore, Statements, bind_all};
+use crate::sql::{Batch, BulkForm, Dialect, SqlStore, Statements};
 use crate::wake::{Channels, Sink, Transport};
 use crate::{Error, Result, ScheduleChange, TaskChange};
 
@@ -38,7 +38,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/post
 
 /// Postgres's SQL: numbered placeholders, `jsonb` columns read as text,
 /// row locks.
-static DIALECT: Dialect = Dialect {
+pub(crate) static DIALECT: Dialect = Dialect {
     name: "postgres",
     numbered: true,
     json_cast: "::jsonb",
@@ -173,7 +173,7 @@ fn validate_schema(schema: &str) -> Result<()> {
 /// stops when the last clone is dropped.
 pub type PostgresStore = SqlStore<PostgresBackend>;
 
-/// The Postgres [`Backend`].
+/// The Postgres [`Backend`](crate::sql::Backend).
 #[derive(Debug)]
 pub struct PostgresBackend {
     pub(crate) pool: PgPool,
@@ -279,10 +279,7 @@ impl SqlStore<PostgresBackend> {
     }
 }
 
-#[async_trait]
-impl Backend for PostgresBackend {
-    type Tx = sqlx::Transaction<'static, Postgres>;
-    type Row = PgRow;
+crate::sql::sqlx_backend!(PostgresBackend, Postgres, PgRow, reads: pool, {
 
     fn sql(&self) -> &'static Statements {
         SQL.get_or_init(|| Statements::render(&DIALECT))
@@ -299,32 +296,6 @@ impl Backend for PostgresBackend {
             .pool
             .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .await?)
-    }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        Ok(tx.commit().await?)
-    }
-
-    async fn exec(&self, tx: &mut Self::Tx, sql: &'static str, args: Args) -> sqlx::Result<u64> {
-        let done = bind_all(sqlx::query(sql), args).execute(&mut **tx).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn fetch(
-        &self,
-        tx: &mut Self::Tx,
-        sql: &'static str,
-        args: Args,
-    ) -> sqlx::Result<Vec<PgRow>> {
-        bind_all(sqlx::query(sql), args).fetch_all(&mut **tx).await
-    }
-
-    async fn raw(&self, tx: &mut Self::Tx, sql: &'static str) -> sqlx::Result<()> {
-        sqlx::raw_sql(sql).execute(&mut **tx).await.map(|_| ())
-    }
-
-    async fn read(&self, sql: &'static str, args: Args) -> sqlx::Result<Vec<PgRow>> {
-        bind_all(sqlx::query(sql), args).fetch_all(&self.pool).await
     }
 
     async fn db_now(&self) -> Result<UnixMillis> {
@@ -344,7 +315,7 @@ impl Backend for PostgresBackend {
     ) -> Result<std::collections::HashSet<String>> {
         Ok(unnest::write(batch, tx).await?)
     }
-}
+});
 
 /// Creates `schema` unless it exists. Under a transaction-scoped advisory
 /// lock, because `CREATE SCHEMA IF NOT EXISTS` run by two replicas starting

@@ -10,7 +10,7 @@
 //! writer.
 //!
 //! Everything else is the one SQL implementation (`crate::sql`); this file
-//! opens the database and is its [`Backend`]: the dialect (`?`
+//! opens the database and is its [`Backend`](crate::sql::Backend): the dialect (`?`
 //! placeholders, no row locks, planner hints), transactions on the two
 //! pools, the process clock, and SQLite's error codes.
 
@@ -18,7 +18,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::error::DatabaseError;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteError, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
@@ -28,7 +27,7 @@ use sqlx::{Sqlite, SqlitePool};
 use taskmesh_core::{Clock, SystemClock, UnixMillis};
 
 use crate::error::Kind;
-use crate::sql::{Args, Backend, BulkForm, Dialect, SqlStore, Statements, bind_all};
+use crate::sql::{BulkForm, Dialect, SqlStore, Statements};
 use crate::wake::Channels;
 use crate::{Error, Result, ScheduleChange, TaskChange};
 
@@ -41,7 +40,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqli
 /// SQLite's SQL: `?` placeholders; no row locks (one writer holds the whole
 /// file from `BEGIN IMMEDIATE`); planner hints where, without statistics,
 /// it would leave the partial index made for a query.
-static DIALECT: Dialect = Dialect {
+pub(crate) static DIALECT: Dialect = Dialect {
     name: "sqlite",
     numbered: false,
     json_cast: "",
@@ -94,7 +93,7 @@ impl SqliteOptions {
 /// share the pools and the change channels.
 pub type SqliteStore = SqlStore<SqliteBackend>;
 
-/// The SQLite [`Backend`]: a writer pool of exactly one connection, through
+/// The SQLite [`Backend`](crate::sql::Backend): a writer pool of exactly one connection, through
 /// which every write transaction goes, and a pool of `query_only` readers.
 #[derive(Debug)]
 pub struct SqliteBackend {
@@ -194,10 +193,7 @@ pub(crate) fn error_kind(err: &SqliteError) -> Kind {
     }
 }
 
-#[async_trait]
-impl Backend for SqliteBackend {
-    type Tx = sqlx::Transaction<'static, Sqlite>;
-    type Row = SqliteRow;
+crate::sql::sqlx_backend!(SqliteBackend, Sqlite, SqliteRow, reads: reader, {
 
     fn sql(&self) -> &'static Statements {
         SQL.get_or_init(|| Statements::render(&DIALECT))
@@ -213,34 +209,6 @@ impl Backend for SqliteBackend {
         Ok(self.reader.begin().await?)
     }
 
-    async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        Ok(tx.commit().await?)
-    }
-
-    async fn exec(&self, tx: &mut Self::Tx, sql: &'static str, args: Args) -> sqlx::Result<u64> {
-        let done = bind_all(sqlx::query(sql), args).execute(&mut **tx).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn fetch(
-        &self,
-        tx: &mut Self::Tx,
-        sql: &'static str,
-        args: Args,
-    ) -> sqlx::Result<Vec<SqliteRow>> {
-        bind_all(sqlx::query(sql), args).fetch_all(&mut **tx).await
-    }
-
-    async fn raw(&self, tx: &mut Self::Tx, sql: &'static str) -> sqlx::Result<()> {
-        sqlx::raw_sql(sql).execute(&mut **tx).await.map(|_| ())
-    }
-
-    async fn read(&self, sql: &'static str, args: Args) -> sqlx::Result<Vec<SqliteRow>> {
-        bind_all(sqlx::query(sql), args)
-            .fetch_all(&self.reader)
-            .await
-    }
-
     async fn db_now(&self) -> Result<UnixMillis> {
         // One node: the process is the database.
         Ok(SystemClock.now_millis())
@@ -249,4 +217,4 @@ impl Backend for SqliteBackend {
     fn announce(&self, _tasks: &[TaskChange], _schedules: &[ScheduleChange]) {
         // One process owns the file: nobody else to tell.
     }
-}
+});

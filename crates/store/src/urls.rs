@@ -1,5 +1,6 @@
 //! Database URLs: shown without their password, and pointed at another
-//! database (for the throw-away databases of tests and benchmarks).
+//! database; and the clean-up of the throw-away databases and schemas of
+//! tests and benchmarks (`postgres::scratch`, `mysql::scratch`).
 
 /// `url` without its password.
 pub fn redact(url: &str) -> String {
@@ -27,6 +28,26 @@ pub fn with_database(url: &str, name: &str) -> Option<String> {
         out.push_str(q);
     }
     Some(out)
+}
+
+/// Runs `cleanup` to the end from a `Drop`, which runs inside the test's
+/// runtime, where blocking on a future is not allowed: a thread with a
+/// runtime of its own does it. A failure is printed, naming `what`.
+pub(crate) fn clean_up_on_drop<F>(what: String, cleanup: impl FnOnce() -> F + Send + 'static)
+where
+    F: std::future::Future<Output = crate::Result<()>>,
+{
+    let done = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| crate::Error::Internal(e.to_string()))?;
+        runtime.block_on(cleanup())
+    })
+    .join();
+    if let Ok(Err(err)) = done {
+        eprintln!("could not drop {what}: {err}");
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use super::{StoreFixture, T0, create, new_task};
 use crate::{Claim, Error, ScheduleChange, Store, StoreClock, TaskChange};
 
 /// The next change naming `id`, skipping others (and resync markers).
-async fn change_of(rx: &mut broadcast::Receiver<TaskChange>, id: &str) -> TaskChange {
+pub async fn change_of(rx: &mut broadcast::Receiver<TaskChange>, id: &str) -> TaskChange {
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match rx.recv().await {

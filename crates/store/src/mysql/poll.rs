@@ -11,7 +11,8 @@
 //! than [`KEEP`] are pruned (by any replica) every [`PRUNE_EVERY`].
 
 use std::collections::BTreeSet;
-use std::sync::Weak;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use sqlx::{MySqlPool, Row};
@@ -75,6 +76,7 @@ pub(super) async fn start(
     origin: String,
     channels: Weak<Channels>,
     every: Duration,
+    failures: Arc<AtomicU64>,
 ) -> Result<tokio::task::AbortHandle> {
     let floor: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM changes")
         .fetch_one(&pool)
@@ -83,7 +85,7 @@ pub(super) async fn start(
         floor,
         ..Cursor::default()
     };
-    let task = tokio::spawn(run(pool, origin, channels, every, cursor));
+    let task = tokio::spawn(run(pool, origin, channels, every, cursor, failures));
     Ok(task.abort_handle())
 }
 
@@ -93,6 +95,7 @@ async fn run(
     channels: Weak<Channels>,
     every: Duration,
     mut cursor: Cursor,
+    failures: Arc<AtomicU64>,
 ) {
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -116,6 +119,7 @@ async fn run(
                     tracing::warn!(error = %err, "cannot poll for changes; retrying");
                 }
                 failing = true;
+                failures.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
         };

@@ -11,7 +11,7 @@ use sqlx::Connection;
 use sqlx::mysql::MySqlConnection;
 
 use super::MysqlOptions;
-use crate::urls::{redact, with_database};
+use crate::urls::{clean_up_on_drop, redact, with_database};
 use crate::{Error, Result};
 
 /// The environment variable naming the server tests use.
@@ -113,20 +113,10 @@ impl Drop for ScratchDatabase {
         if self.dropped {
             return;
         }
-        // Drop runs inside the test's runtime, where blocking on a future
-        // is not allowed: a thread with a runtime of its own does it.
         let (url, name) = (self.admin_url.clone(), self.name.clone());
-        let done = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| Error::Internal(e.to_string()))?;
-            runtime.block_on(drop_database(&url, &name))
-        })
-        .join();
-        if let Ok(Err(err)) = done {
-            eprintln!("could not drop test database {}: {err}", self.name);
-        }
+        clean_up_on_drop(format!("test database {name}"), move || async move {
+            drop_database(&url, &name).await
+        });
     }
 }
 

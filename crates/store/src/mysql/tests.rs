@@ -9,7 +9,6 @@ use super::MysqlStore;
 use super::scratch::ScratchDatabase;
 use crate::Store;
 use crate::conformance::{T0, new_task};
-use crate::sql::list_index;
 
 async fn store() -> (ScratchDatabase, MysqlStore) {
     let database = ScratchDatabase::create()
@@ -36,32 +35,29 @@ async fn queries_use_their_indexes() {
         .map(|i| (new_task(&format!("h{}", i % 20)), "fp".to_string()))
         .collect();
     store.create_tasks(tasks, T0).await.expect("create");
+    // Some callbacks too: with none, MySQL answers MIN() from nothing.
+    let mut ended = Vec::new();
+    for _ in 0..10 {
+        let t = taskmesh_core::NewTask {
+            callback_url: "http://127.0.0.1:9/cb".into(),
+            ..new_task("cb")
+        };
+        let t = store.create_task(t, "fp", T0).await.expect("create").task;
+        let cancel = taskmesh_core::Event::Cancel {
+            reason: "done".into(),
+        };
+        ended.push((t.id, cancel));
+    }
+    store
+        .transition_many(&ended, T0 + 1, None)
+        .await
+        .expect("cancel");
     let pool = &store.backend().pool;
     sqlx::query("ANALYZE TABLE tasks, callbacks, schedules")
         .fetch_all(pool)
         .await
         .expect("analyze");
-    let sql = store.sql();
-    let cases: [(&str, &str, usize); 10] = [
-        ("callbacks_due", &sql.claim_callbacks, 2),
-        ("tasks_ready_claim", &sql.claim_first, 2),
-        ("tasks_ready_claim", &sql.claim_after, 5),
-        ("tasks_next_at", &sql.due, 2),
-        ("tasks_next_at", &sql.next_due, 0),
-        ("tasks_ready_claim", &sql.ready_counts, 0),
-        (
-            "tasks_state_id",
-            &sql.list[list_index(true, false, false)],
-            2,
-        ),
-        (
-            "tasks_handler_id",
-            &sql.list[list_index(false, true, true)],
-            3,
-        ),
-        ("schedules_due", &sql.due_schedules, 2),
-        ("schedules_due", &sql.next_schedule_due, 0),
-    ];
+    let cases = crate::sql::testing::indexed_queries(store.sql());
     for (index, query, params) in cases {
         // EXPLAIN of a locking read explains the read.
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {query}")));
@@ -76,8 +72,13 @@ async fn queries_use_their_indexes() {
             .iter()
             .map(|r| (r.get("key"), r.get("Extra")))
             .collect();
+        // A MIN() answered from the index's end while planning shows no key
+        // but "Select tables optimized away": the best plan there is.
+        let optimized_away = plan
+            .iter()
+            .any(|(_, extra)| extra.as_deref() == Some("Select tables optimized away"));
         assert!(
-            plan.iter().any(|(key, _)| key.as_deref() == Some(index)),
+            optimized_away || plan.iter().any(|(key, _)| key.as_deref() == Some(index)),
             "{query}\nuses {plan:?}, not {index}"
         );
         assert!(

@@ -11,7 +11,7 @@ use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 
 use super::PostgresOptions;
-use crate::urls::{redact, with_database};
+use crate::urls::{clean_up_on_drop, redact, with_database};
 use crate::{Error, Result};
 
 /// The environment variable naming the test database.
@@ -90,20 +90,10 @@ impl Drop for ScratchSchema {
         if self.dropped {
             return;
         }
-        // Drop runs inside the test's runtime, where blocking on a future
-        // is not allowed: a thread with a runtime of its own does it.
         let (url, name) = (self.url.clone(), self.name.clone());
-        let done = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| Error::Internal(e.to_string()))?;
-            runtime.block_on(drop_schema(&url, &name))
-        })
-        .join();
-        if let Ok(Err(err)) = done {
-            eprintln!("could not drop test schema {}: {err}", self.name);
-        }
+        clean_up_on_drop(format!("test schema {name}"), move || async move {
+            drop_schema(&url, &name).await
+        });
     }
 }
 

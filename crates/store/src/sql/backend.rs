@@ -176,3 +176,60 @@ where
     }
     q
 }
+
+/// `impl Backend` for a backend on an sqlx driver: the parts every such
+/// backend runs the same way (commit, statements with bound values, savepoint
+/// statements, reads on the pool named `$reads`), then the backend's own
+/// items (`sql`, `begin_write`, `begin_read`, `db_now`, `announce`, and
+/// optionally `write_batch`).
+macro_rules! sqlx_backend {
+    ($backend:ty, $db:ty, $row:ty, reads: $reads:ident, { $($own:tt)* }) => {
+        #[async_trait::async_trait]
+        impl $crate::sql::Backend for $backend {
+            type Tx = sqlx::Transaction<'static, $db>;
+            type Row = $row;
+
+            async fn commit(&self, tx: Self::Tx) -> $crate::Result<()> {
+                Ok(tx.commit().await?)
+            }
+
+            async fn exec(
+                &self,
+                tx: &mut Self::Tx,
+                sql: &'static str,
+                args: $crate::sql::Args,
+            ) -> sqlx::Result<u64> {
+                let q = $crate::sql::bind_all(sqlx::query(sql), args);
+                Ok(q.execute(&mut **tx).await?.rows_affected())
+            }
+
+            async fn fetch(
+                &self,
+                tx: &mut Self::Tx,
+                sql: &'static str,
+                args: $crate::sql::Args,
+            ) -> sqlx::Result<Vec<$row>> {
+                $crate::sql::bind_all(sqlx::query(sql), args)
+                    .fetch_all(&mut **tx)
+                    .await
+            }
+
+            async fn raw(&self, tx: &mut Self::Tx, sql: &'static str) -> sqlx::Result<()> {
+                sqlx::raw_sql(sql).execute(&mut **tx).await.map(|_| ())
+            }
+
+            async fn read(
+                &self,
+                sql: &'static str,
+                args: $crate::sql::Args,
+            ) -> sqlx::Result<Vec<$row>> {
+                $crate::sql::bind_all(sqlx::query(sql), args)
+                    .fetch_all(&self.$reads)
+                    .await
+            }
+
+            $($own)*
+        }
+    };
+}
+pub(crate) use sqlx_backend;

@@ -194,19 +194,7 @@ pub fn marks(n: usize) -> String {
 mod tests {
     use super::*;
 
-    const PG: Dialect = Dialect {
-        name: "pg",
-        numbered: true,
-        json_cast: "::jsonb",
-        json_read: "{c}::text AS {c}",
-        lock: " FOR UPDATE",
-        skip_locked: " FOR UPDATE SKIP LOCKED",
-        false_lit: "FALSE",
-        due_state: "state",
-        ready_from: "tasks",
-        bulk: BulkForm::ValuesAliased,
-        ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",
-    };
+    use crate::postgres::DIALECT as PG;
 
     #[test]
     fn placeholders_are_numbered_and_json_cast() {
@@ -214,13 +202,7 @@ mod tests {
             PG.render("SELECT {labels} FROM t WHERE a = ? AND b = ?J{lock}"),
             "SELECT labels::text AS labels FROM t WHERE a = $1 AND b = $2::jsonb FOR UPDATE"
         );
-        let plain = Dialect {
-            numbered: false,
-            json_cast: "",
-            json_read: "{c}",
-            lock: "",
-            ..PG
-        };
+        let plain = &crate::sqlite::DIALECT;
         assert_eq!(plain.render("a = ? AND b = ?J{lock}"), "a = ? AND b = ?");
         assert_eq!(
             PG.ignoring_duplicates(&["x", "y"]),

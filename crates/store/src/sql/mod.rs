@@ -30,7 +30,7 @@ mod transitions;
 use std::sync::Arc;
 
 pub use backend::{Args, Backend, Val};
-pub(crate) use backend::{args, bind_all};
+pub(crate) use backend::{args, bind_all, sqlx_backend};
 pub use batch::Batch;
 pub use dialect::{BulkForm, Dialect, LADDER, Ladder};
 pub use statements::{Statements, list_index};
@@ -108,6 +108,35 @@ pub(crate) mod testing {
     use crate::conformance::{T0, new_task};
     use crate::error::{Kind, kind};
     use crate::{Claim, Error, Store, TaskFilter};
+
+    /// The fixed queries each backend checks its plans of: the index the
+    /// migration made for each, the statement, and its number of
+    /// placeholders.
+    pub(crate) fn indexed_queries(
+        sql: &'static super::Statements,
+    ) -> Vec<(&'static str, &'static str, usize)> {
+        vec![
+            ("callbacks_due", &sql.claim_callbacks, 2),
+            ("callbacks_due", &sql.next_callback, 0),
+            ("tasks_ready_claim", &sql.claim_first, 2),
+            ("tasks_ready_claim", &sql.claim_after, 5),
+            ("tasks_next_at", &sql.due, 2),
+            ("tasks_next_at", &sql.next_due, 0),
+            ("tasks_ready_claim", &sql.ready_counts, 0),
+            (
+                "tasks_state_id",
+                &sql.list[super::list_index(true, false, false)],
+                2,
+            ),
+            (
+                "tasks_handler_id",
+                &sql.list[super::list_index(false, true, true)],
+                3,
+            ),
+            ("schedules_due", &sql.due_schedules, 2),
+            ("schedules_due", &sql.next_schedule_due, 0),
+        ]
+    }
 
     /// A statement of the test, leaked to live as long as statements do.
     fn statement(sql: String) -> &'static str {

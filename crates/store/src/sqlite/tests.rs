@@ -11,7 +11,6 @@ use tempfile::TempDir;
 
 use super::{SqliteOptions, SqliteStore};
 use crate::conformance::{T0, new_task};
-use crate::sql::list_index;
 use crate::{Claim, Store};
 
 async fn pragma(pool: &sqlx::SqlitePool, name: &str) -> String {
@@ -60,28 +59,7 @@ async fn open_creates_directories_and_applies_settings() {
 async fn queries_use_their_indexes() {
     let dir = TempDir::new().expect("tempdir");
     let store = SqliteStore::open_in(dir.path()).await.expect("open");
-    let sql = store.sql();
-    let cases: [(&str, &str, usize); 11] = [
-        ("callbacks_due", &sql.claim_callbacks, 2),
-        ("callbacks_due", &sql.next_callback, 0),
-        ("tasks_ready_claim", &sql.claim_first, 2),
-        ("tasks_ready_claim", &sql.claim_after, 5),
-        ("tasks_next_at", &sql.due, 2),
-        ("tasks_next_at", &sql.next_due, 0),
-        ("tasks_ready_claim", &sql.ready_counts, 0),
-        (
-            "tasks_state_id",
-            &sql.list[list_index(true, false, false)],
-            2,
-        ),
-        (
-            "tasks_handler_id",
-            &sql.list[list_index(false, true, true)],
-            3,
-        ),
-        ("schedules_due", &sql.due_schedules, 2),
-        ("schedules_due", &sql.next_schedule_due, 0),
-    ];
+    let cases = crate::sql::testing::indexed_queries(store.sql());
     for (index, sql, params) in cases {
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
         for _ in 0..params {

@@ -9,20 +9,7 @@ use taskmesh_store::conformance::{T0, new_task};
 use taskmesh_store::{Claim, Store, TaskChange};
 use tokio::sync::broadcast::{self, error::RecvError};
 
-/// The next change naming `id`, skipping others (and resync markers).
-pub async fn change_of(rx: &mut broadcast::Receiver<TaskChange>, id: &str) -> TaskChange {
-    tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            match rx.recv().await {
-                Ok(c) if c.task_id == id => return c,
-                Ok(_) | Err(RecvError::Lagged(_)) => {}
-                Err(RecvError::Closed) => panic!("change channel closed"),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no change of task {id} within 10 s"))
-}
+pub use taskmesh_store::conformance::cluster::change_of;
 
 /// Waits until `rx` is told to resync: `Lagged`, or a resync marker.
 pub async fn resynced(rx: &mut broadcast::Receiver<TaskChange>) {
