@@ -69,6 +69,52 @@ const SESSION: [&str; 2] = [
     "SET SESSION innodb_lock_wait_timeout = 5",
 ];
 
+/// Every session of the reader pool: REPEATABLE READ, so a read
+/// transaction sees one snapshot (`WITH CONSISTENT SNAPSHOT`). A pool of
+/// its own rather than a `SET TRANSACTION` before each read: that would be
+/// two statements, and sent as one they leave sqlx's protocol state behind
+/// (a connection that fails its next check).
+const READER_SESSION: [&str; 2] = [
+    "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+    "SET SESSION innodb_lock_wait_timeout = 5",
+];
+
+/// Connections of the reader pool.
+const READERS: u32 = 4;
+
+/// A pool on `connect` whose sessions first run `session`.
+async fn open_pool(
+    opts: &MysqlOptions,
+    connect: MySqlConnectOptions,
+    max: u32,
+    session: &'static [&'static str],
+) -> Result<MySqlPool> {
+    MySqlPoolOptions::new()
+        .max_connections(max)
+        .min_connections(opts.min_connections.min(max))
+        .acquire_timeout(opts.acquire_timeout)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                for statement in session {
+                    conn.execute(*statement).await?;
+                }
+                Ok(())
+            })
+        })
+        .connect_with(connect)
+        .await
+        .map_err(|err| match &err {
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("42000") => {
+                Error::InvalidArgument(format!(
+                    "cannot use the mysql database ({}); create it first \
+                     (CREATE DATABASE …) or name another",
+                    db.message()
+                ))
+            }
+            _ => Error::from(err),
+        })
+}
+
 /// MySQL and MariaDB error numbers: duplicate key (1062, 1586) is
 /// `AlreadyExists`; deadlock (1213) and lock wait timeout (1205) `Conflict`
 /// (the statement or transaction was rolled back; trying again may
@@ -90,7 +136,8 @@ pub struct MysqlOptions {
     /// `mysql://user:password@host:port/database` (`mariadb://` too). The
     /// database must exist.
     pub url: String,
-    /// Size of the connection pool (at least 1); the poller takes one of
+    /// Size of the connection pool (at least 1; reads of one snapshot have
+    /// 4 connections of their own on top); the poller takes one of
     /// them at a time.
     pub max_connections: u32,
     /// Connections opened at once and kept.
@@ -156,6 +203,8 @@ pub type MysqlStore = SqlStore<MysqlBackend>;
 #[derive(Debug)]
 pub struct MysqlBackend {
     pub(crate) pool: MySqlPool,
+    /// REPEATABLE READ sessions for reads of one snapshot.
+    reader: MySqlPool,
     transport: Option<Transport>,
     /// Polls of the `changes` table that failed since the store connected.
     poll_failures: Arc<AtomicU64>,
@@ -186,30 +235,8 @@ impl SqlStore<MysqlBackend> {
     /// database that does not exist.
     pub async fn connect(opts: MysqlOptions) -> Result<Self> {
         let connect = opts.validate()?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(opts.max_connections)
-            .min_connections(opts.min_connections.min(opts.max_connections))
-            .acquire_timeout(opts.acquire_timeout)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    for statement in SESSION {
-                        conn.execute(statement).await?;
-                    }
-                    Ok(())
-                })
-            })
-            .connect_with(connect)
-            .await
-            .map_err(|err| match &err {
-                sqlx::Error::Database(db) if db.code().as_deref() == Some("42000") => {
-                    Error::InvalidArgument(format!(
-                        "cannot use the mysql database ({}); create it first \
-                         (CREATE DATABASE …) or name another",
-                        db.message()
-                    ))
-                }
-                _ => Error::from(err),
-            })?;
+        let pool = open_pool(&opts, connect.clone(), opts.max_connections, &SESSION).await?;
+        let reader = open_pool(&opts, connect, READERS, &READER_SESSION).await?;
         migrate(&pool).await?;
         let channels = Arc::new(Channels::new());
         let mut transport = None;
@@ -232,6 +259,7 @@ impl SqlStore<MysqlBackend> {
         tracing::debug!(notify = opts.notify, "connected MySQL store");
         let backend = MysqlBackend {
             pool,
+            reader,
             transport,
             poll_failures,
         };
@@ -252,6 +280,7 @@ impl SqlStore<MysqlBackend> {
             transport.close().await;
         }
         self.backend().pool.close().await;
+        self.backend().reader.close().await;
     }
 }
 
@@ -295,14 +324,11 @@ crate::sql::sqlx_backend!(MysqlBackend, MySql, MySqlRow, reads: pool, {
     }
 
     async fn begin_read(&self) -> Result<Self::Tx> {
-        // One snapshot for the whole read (READ COMMITTED, the session's
+        // One snapshot for the whole read (READ COMMITTED, the writers'
         // level, takes one per statement): a task and its attempts agree.
         Ok(self
-            .pool
-            .begin_with(
-                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
-                 START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
-            )
+            .reader
+            .begin_with("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
             .await?)
     }
 

@@ -736,12 +736,13 @@ pub fn cpu_rows(c: &CpuReport) -> Vec<(String, String)> {
         ("cpu window (s)".into(), format!("{:.2}", c.wall_s)),
         ("cpu server (s)".into(), format!("{:.2}", c.server_s)),
         ("cpu workers (s)".into(), format!("{:.2}", c.workers_s)),
+        ("cpu database (s)".into(), format!("{:.2}", c.database_s)),
         (
             "cpu load generator (s)".into(),
             format!("{:.2}", c.generator_s),
         ),
         (
-            "cpu server+workers per task (µs)".into(),
+            "cpu server+workers+database per task (µs)".into(),
             format!("{:.1}", c.us_per_task),
         ),
         ("cores busy (of 2)".into(), format!("{:.2}", c.cores_busy)),

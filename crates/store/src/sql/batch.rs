@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet};
 
 use taskmesh_core::{
-    AttemptChange, AttemptRecord, CallbackDelivery, TaskRecord, Transition, UnixMillis,
+    AttemptChange, AttemptRecord, CallbackDelivery, Event, TaskRecord, TransitionError, UnixMillis,
 };
 
 use super::backend::{Args, Backend};
@@ -52,30 +52,61 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Adds `transition`, computed from `before` (the task as read or as
-    /// left by the batch's earlier transitions). A task that ends with a
-    /// callback URL queues its callback, set on `transition.task`.
-    pub fn push(&mut self, before: &TaskRecord, transition: &mut Transition) {
+    /// Applies `event` to the task: to its latest record in this batch if
+    /// an earlier event of the batch changed it, else to `read` (the task
+    /// as read). The batch keeps the new record (no copy is made: read it
+    /// back with [`Batch::current`], take them all with
+    /// [`Batch::into_tasks`]); a task that ends with a callback URL queues
+    /// its callback, set on the record.
+    pub fn apply(
+        &mut self,
+        read: &TaskRecord,
+        event: &Event,
+        now: UnixMillis,
+    ) -> Result<&TaskRecord, TransitionError> {
+        let slot = self.by_id.get(&read.id).copied();
+        let before = slot.map_or(read, |i| &self.rows[i].1);
+        let mut transition = taskmesh_core::apply(before, event, now)?;
+        if !same_definition(before, &transition.task) {
+            self.full_rows = true;
+        }
         if transition.task.wants_callback() {
             let entry = new_callback(&transition.task);
             self.callbacks
                 .push((transition.task.id.clone(), entry.clone()));
             transition.task.callback = Some(entry);
         }
-        let task = &transition.task;
-        if !same_definition(before, task) {
-            self.full_rows = true;
-        }
-        match self.by_id.get(&task.id) {
-            Some(&i) => self.rows[i].1 = task.clone(),
-            None => {
-                self.by_id.insert(task.id.clone(), self.rows.len());
-                self.rows.push((before.version, task.clone()));
+        self.record_attempt(&transition.task.id, transition.attempt);
+        self.changes.push(TaskChange::of(&transition.task));
+        let i = match slot {
+            Some(i) => {
+                self.rows[i].1 = transition.task;
+                i
             }
-        }
-        match &transition.attempt {
+            None => {
+                self.by_id.insert(read.id.clone(), self.rows.len());
+                self.rows.push((read.version, transition.task));
+                self.rows.len() - 1
+            }
+        };
+        Ok(&self.rows[i].1)
+    }
+
+    /// The latest record of task `id` in this batch, if an event changed it.
+    pub fn current(&self, id: &str) -> Option<&TaskRecord> {
+        self.by_id.get(id).map(|&i| &self.rows[i].1)
+    }
+
+    /// The records the batch holds, one per task, in the order first
+    /// changed.
+    pub fn into_tasks(self) -> Vec<TaskRecord> {
+        self.rows.into_iter().map(|(_, t)| t).collect()
+    }
+
+    fn record_attempt(&mut self, task_id: &str, change: AttemptChange) {
+        match change {
             AttemptChange::None => {}
-            AttemptChange::Open(attempt) => self.opens.push((task.id.clone(), attempt.clone())),
+            AttemptChange::Open(attempt) => self.opens.push((task_id.to_string(), attempt)),
             AttemptChange::Close {
                 execution_id,
                 outcome,
@@ -86,24 +117,23 @@ impl Batch {
                 let opened = self
                     .opens
                     .iter_mut()
-                    .find(|(id, a)| *id == task.id && a.execution_id == *execution_id);
+                    .find(|(id, a)| id == task_id && a.execution_id == execution_id);
                 match opened {
                     Some((_, a)) => {
-                        a.ended_at = Some(*ended_at);
-                        a.outcome = Some(*outcome);
-                        a.message = message.clone();
+                        a.ended_at = Some(ended_at);
+                        a.outcome = Some(outcome);
+                        a.message = message;
                     }
                     None => self.closes.push(Close {
-                        task_id: task.id.clone(),
-                        execution_id: execution_id.clone(),
-                        ended_at: *ended_at,
+                        task_id: task_id.to_string(),
+                        execution_id,
+                        ended_at,
                         outcome: outcome.as_str(),
-                        message: message.clone(),
+                        message,
                     }),
                 }
             }
         }
-        self.changes.push(TaskChange::of(task));
     }
 
     /// True when nothing is to be written.

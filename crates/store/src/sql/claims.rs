@@ -44,9 +44,9 @@ impl<B: Backend> SqlStore<B> {
         let mut seen = 0usize;
         let mut cursor: Option<(i32, String)> = None;
         let mut batch = Batch::default();
-        let mut claimed = Vec::new();
+        let mut claimed = 0usize;
         let mut want = limit;
-        'scan: while claimed.len() < limit && seen < scan {
+        'scan: while claimed < limit && seen < scan {
             let take = want.min(scan - seen);
             let rows = match &cursor {
                 None => {
@@ -63,7 +63,7 @@ impl<B: Backend> SqlStore<B> {
                 let task = decode::task(row)?;
                 seen += 1;
                 cursor = Some((task.priority, task.id.clone()));
-                if claimed.len() == limit {
+                if claimed == limit {
                     break 'scan;
                 }
                 let Some(claim) = chooser(&task) else {
@@ -74,11 +74,8 @@ impl<B: Backend> SqlStore<B> {
                     worker_id: claim.worker_id,
                     ack_deadline: claim.ack_deadline,
                 };
-                match taskmesh_core::apply(&task, &event, now) {
-                    Ok(mut transition) => {
-                        batch.push(&task, &mut transition);
-                        claimed.push(transition.task);
-                    }
+                match batch.apply(&task, &event, now) {
+                    Ok(_) => claimed += 1,
                     Err(err) => {
                         tracing::warn!(task_id = %task.id, error = %err, "READY task refused dispatch");
                     }
@@ -98,12 +95,11 @@ impl<B: Backend> SqlStore<B> {
         // compare-and-set here is a bug, never a race.
         if !b.write_batch(&mut tx, &batch).await?.is_empty() {
             return Err(Error::Internal(format!(
-                "claim of {} {handler} tasks could not be written",
-                claimed.len()
+                "claim of {claimed} {handler} tasks could not be written"
             )));
         }
         b.commit(tx).await?;
         self.publish(&batch.changes, &[]);
-        Ok(claimed)
+        Ok(batch.into_tasks())
     }
 }

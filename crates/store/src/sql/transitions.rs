@@ -185,19 +185,15 @@ impl<B: Backend> SqlStore<B> {
         let b = self.backend();
         let mut tx = b.begin_write().await?;
         check_fence(b, &mut tx, fence).await?;
-        let mut current = lock_rows(b, &mut tx, &sorted_ids(events)).await?;
+        let read = lock_rows(b, &mut tx, &sorted_ids(events)).await?;
         let mut batch = Batch::default();
         let mut results = Vec::with_capacity(events.len());
         for (id, event) in events {
-            results.push(match current.get_mut(id.as_str()) {
+            results.push(match read.get(id.as_str()) {
                 None => Err(Error::NotFound(id.clone())),
                 Some(Err(text)) => Err(Error::Internal(text.clone())),
-                Some(Ok(task)) => match taskmesh_core::apply(task, event, now) {
-                    Ok(mut transition) => {
-                        batch.push(task, &mut transition);
-                        *task = transition.task.clone();
-                        Ok(transition.task)
-                    }
+                Some(Ok(task)) => match batch.apply(task, event, now) {
+                    Ok(written) => Ok(written.clone()),
                     Err(err) => Err(err.into()),
                 },
             });
