@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/taskmesh/v1/task_api.proto",
         "proto/taskmesh/v1/dispatcher.proto",
         "proto/taskmesh/v1/worker.proto",
+        "proto/taskmesh/v1/admin.proto",
     ];
     println!("cargo:rerun-if-changed=proto");
 

@@ -12,6 +12,9 @@
 # count agrees with the Node client's task ids exactly. Then the same in push
 # mode: the worker serves the Worker service, registers its address, runs 100
 # tasks pushed by Worker.Execute, deregisters on SIGTERM and exits 0.
+# The server runs with --auth: the worker presents a worker token and the
+# client a submitter token, both made with `taskmesh token create` from the
+# bootstrap token; a call without a token is refused.
 #
 # Every wait has a deadline; every process started here is stopped on exit,
 # failure or interrupt (trap); the last line is "N passed, M failed".
@@ -90,11 +93,21 @@ free_port() {
 grpc_port="$(free_port)"
 http_port="$(free_port)"
 server="127.0.0.1:$grpc_port"
-node_client() { node "$client" "$1" --server "$server" "${@:2}"; }
+# Tokens travel in the environment only (never a flag `ps` would show).
+bootstrap="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
+client_token=""
+worker_token=""
+node_client() { TASKMESH_TOKEN="$client_token" node "$client" "$1" --server "$server" "${@:2}"; }
+# Always started with &: exec makes $! the python process itself.
+py_worker() { TASKMESH_TOKEN="$worker_token" exec "$py" "$worker_dir/worker.py" "$@"; }
+make_token() { # role: prints a new token of namespace default
+  TASKMESH_TOKEN="$bootstrap" "$bin" token create --server "http://$server" --role "$1" \
+    --name "polyglot-$1"
+}
 
-echo "polyglot: taskmesh serve on $server (data in $tmp/data)"
-NO_COLOR=1 "$bin" serve --data-dir "$tmp/data" --grpc-addr "$server" \
-  --http-addr "127.0.0.1:$http_port" >"$tmp/serve.log" 2>&1 &
+echo "polyglot: taskmesh serve --auth on $server (data in $tmp/data)"
+TASKMESH_BOOTSTRAP_TOKEN="$bootstrap" NO_COLOR=1 "$bin" serve --auth --data-dir "$tmp/data" \
+  --grpc-addr "$server" --http-addr "127.0.0.1:$http_port" >"$tmp/serve.log" 2>&1 &
 server_pid=$!
 
 # Health doubles as the readiness wait: check_server.py polls it until
@@ -104,7 +117,19 @@ check "python: health answers SERVING for the server, TaskApi and Dispatcher" \
 check "python: reflection lists TaskApi, Dispatcher and Worker and resolves them" \
   "$py" "$worker_dir/check_server.py" --server "$server" --only reflection
 
-"$py" "$worker_dir/worker.py" --server "$server" --worker-id py-e2e --concurrency 8 \
+tokens() {
+  client_token="$(make_token submitter)" && worker_token="$(make_token worker)" &&
+    [ -n "$client_token" ] && [ -n "$worker_token" ]
+}
+check "taskmesh token create: a submitter token for node and a worker token for python" tokens
+refused_without_token() {
+  local out
+  out="$(TASKMESH_TOKEN="" node "$client" workers --server "$server" --handler py.echo --wait 1 2>&1)"
+  [ $? -ne 0 ] && grep -q "UNAUTHENTICATED\|missing or invalid token" <<<"$out"
+}
+check "node: a call without a token is refused UNAUTHENTICATED" refused_without_token
+
+py_worker --server "$server" --worker-id py-e2e --concurrency 8 \
   --stats-file "$tmp/worker-stats.json" >"$tmp/worker.log" 2>&1 &
 worker_pid=$!
 check "node: the python worker is registered (ListWorkers)" \
@@ -170,7 +195,7 @@ check "python: the worker's own count matches the node client's tasks" cross_che
 # Push mode: the same worker serving the Worker service; the server calls
 # Worker.Execute on it instead of pushing on a stream.
 push_port="$(free_port)"
-"$py" "$worker_dir/worker.py" --server "$server" --worker-id py-push --concurrency 8 \
+py_worker --server "$server" --worker-id py-push --concurrency 8 \
   --push-listen "127.0.0.1:$push_port" --stats-file "$tmp/push-stats.json" \
   >"$tmp/push-worker.log" 2>&1 &
 worker_pid=$!

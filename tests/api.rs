@@ -161,6 +161,7 @@ async fn malformed_requests_get_clear_errors_and_write_nothing() {
         let err = api
             .get_task(pb::GetTaskRequest {
                 task_id: bad.into(),
+                ..Default::default()
             })
             .await
             .unwrap_err();
@@ -169,6 +170,7 @@ async fn malformed_requests_get_clear_errors_and_write_nothing() {
             .cancel_task(pb::CancelTaskRequest {
                 task_id: bad.into(),
                 reason: String::new(),
+                ..Default::default()
             })
             .await
             .unwrap_err();
@@ -178,6 +180,7 @@ async fn malformed_requests_get_clear_errors_and_write_nothing() {
     let err = api
         .get_task(pb::GetTaskRequest {
             task_id: unknown.into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -187,10 +190,13 @@ async fn malformed_requests_get_clear_errors_and_write_nothing() {
         .ack_task(pb::AckTaskRequest {
             task_id: unknown.into(),
             execution_id: "e".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::NotFound);
+    // Without the assignment's secret an ACK learns nothing, not even
+    // whether the task exists.
+    assert_eq!(err.code(), Code::PermissionDenied);
     let err = api
         .list_tasks(pb::ListTasksRequest {
             state: 99,
@@ -215,6 +221,7 @@ async fn a_waiting_task_is_cancelled_and_watchers_see_every_change() {
     let mut watch = api
         .watch_task(pb::WatchTaskRequest {
             task_id: id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -226,6 +233,7 @@ async fn a_waiting_task_is_cancelled_and_watchers_see_every_change() {
         .cancel_task(pb::CancelTaskRequest {
             task_id: id.clone(),
             reason: "changed my mind".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -256,6 +264,7 @@ async fn a_waiting_task_is_cancelled_and_watchers_see_every_change() {
         .cancel_task(pb::CancelTaskRequest {
             task_id: id.clone(),
             reason: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap()

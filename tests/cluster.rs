@@ -73,7 +73,10 @@ async fn two_replicas_share_one_leader_and_one_worker_registry(kind: DatabaseKin
         let id = s.clone();
         async move {
             let r = a
-                .get_schedule(pb::GetScheduleRequest { schedule_id: id })
+                .get_schedule(pb::GetScheduleRequest {
+                    schedule_id: id,
+                    ..Default::default()
+                })
                 .await
                 .ok()?
                 .into_inner();

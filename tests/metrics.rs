@@ -168,7 +168,9 @@ async fn metrics_after_a_small_run_agree_with_it() {
         ) >= 1.0
     );
     assert!(
-        text.contains("taskmesh_dispatch_latency_seconds_bucket{handler=\"echo\",le=\"0.005\"}"),
+        text.contains(
+            "taskmesh_dispatch_latency_seconds_bucket{namespace=\"default\",handler=\"echo\",le=\"0.005\"}"
+        ),
         "histograms come with fixed buckets"
     );
 

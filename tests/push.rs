@@ -159,6 +159,7 @@ async fn bad_input_to_the_push_rpcs_is_refused_and_changes_nothing() {
             registration: reg,
             address: address.into(),
             session_id: String::new(),
+            ..Default::default()
         };
 
     let cases: Vec<(pb::RegisterPushWorkerRequest, &str)> = vec![
@@ -235,6 +236,7 @@ async fn bad_input_to_the_push_rpcs_is_refused_and_changes_nothing() {
     let report = |session: &str, complete: Option<pb::TaskComplete>| pb::ReportResultRequest {
         session_id: session.into(),
         complete,
+        ..Default::default()
     };
     let cases: Vec<(pb::ReportResultRequest, Code, &str)> = vec![
         (
@@ -377,6 +379,7 @@ async fn register_scripted(
         registration: Some(reg),
         address: address.into(),
         session_id: String::new(),
+        ..Default::default()
     };
     let registered = d
         .clone()
@@ -445,8 +448,14 @@ async fn a_stale_result_is_refused_and_the_right_one_recorded() {
     wait_task_state(&api, &id, pb::TaskState::Running, LIMIT).await;
 
     let d2 = d.clone();
+    let secret = a.report_secret.clone();
+    assert!(
+        !secret.is_empty(),
+        "the push carries the assignment's secret"
+    );
     let report = |session: String, exec: String| {
         let req = pb::ReportResultRequest {
+            report_secret: secret.clone(),
             session_id: session,
             complete: Some(pb::TaskComplete {
                 task_id: a.task_id.clone(),
@@ -469,11 +478,10 @@ async fn a_stale_result_is_refused_and_the_right_one_recorded() {
         .unwrap();
     assert!(!r.accepted, "{r:?}");
     assert!(r.message.contains("stale"), "{r:?}");
-    // An execution id that is not the current attempt's.
-    let r = report(session_a.clone(), "old-execution".into())
-        .await
-        .unwrap();
-    assert!(!r.accepted, "{r:?}");
+    // An execution id that is not the current attempt's: the secret is
+    // not its secret.
+    let r = report(session_a.clone(), "old-execution".into()).await;
+    assert_code(r, Code::PermissionDenied, "report_secret");
     assert_eq!(state(&get(&mut api, &id).await), pb::TaskState::Running);
 
     // The right one is recorded, once.
@@ -518,6 +526,7 @@ async fn an_unreachable_push_worker_loses_its_push_and_then_its_session() {
         registration: Some(registration("ghost", &["echo"], 4)),
         address: nowhere.clone(),
         session_id: String::new(),
+        ..Default::default()
     };
     assert_code(
         d.register_push_worker(req).await,
@@ -530,6 +539,7 @@ async fn an_unreachable_push_worker_loses_its_push_and_then_its_session() {
         registration: Some(registration("ghost", &["echo"], 4)),
         address: url,
         session_id: String::new(),
+        ..Default::default()
     };
     assert_code(
         d.register_push_worker(req).await,
@@ -603,6 +613,7 @@ async fn cancelling_a_running_task_cancels_it_on_the_push_worker() {
     api.cancel_task(pb::CancelTaskRequest {
         task_id: id.clone(),
         reason: "test".into(),
+        ..Default::default()
     })
     .await
     .expect("cancel");
@@ -644,6 +655,7 @@ async fn a_worker_registering_anew_at_its_address_gets_its_attempts_taken_back()
             registration: Some(reg),
             address: url.clone(),
             session_id: String::new(),
+            ..Default::default()
         })
         .await
         .expect("register again")

@@ -166,26 +166,25 @@ async fn cancel_and_ack_over_rest() {
     let assignment = raw.next_assign(LIMIT).await.expect("an assignment");
     assert_eq!(assignment.task_id, id);
     let ack = format!("/api/tasks/{id}/ack");
-    let stale = rest
-        .call(Method::POST, &ack, Some(json!({"executionId": "stale"})))
-        .await;
-    assert_error(&stale, 400, 9, "stale execution id");
-    let reply = rest
+    // The execution id alone (GetTask shows it) acknowledges nothing.
+    let forged = rest
         .call(
             Method::POST,
             &ack,
             Some(json!({"executionId": assignment.execution_id})),
         )
+        .await;
+    assert_error(&forged, 403, 7, "report_secret");
+    let with_secret = json!({
+        "executionId": assignment.execution_id,
+        "reportSecret": assignment.report_secret,
+    });
+    let reply = rest
+        .call(Method::POST, &ack, Some(with_secret.clone()))
         .await;
     assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json);
     assert_eq!(state_of(&reply.json["task"]), "TASK_STATE_RUNNING");
-    let twice = rest
-        .call(
-            Method::POST,
-            &ack,
-            Some(json!({"executionId": assignment.execution_id})),
-        )
-        .await;
+    let twice = rest.call(Method::POST, &ack, Some(with_secret)).await;
     assert_error(&twice, 400, 9, "RUNNING");
     raw.succeed(&assignment).await;
     rest.wait_state(&id, "TASK_STATE_SUCCEEDED", LIMIT).await;

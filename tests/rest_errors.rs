@@ -186,7 +186,7 @@ async fn a_real_node_answers_each_class_it_can_produce() {
             Some(json!({"executionId": "e"})),
         )
         .await;
-    assert_error(&reply, 400, 9, "cannot ack");
+    assert_error(&reply, 403, 7, "report_secret");
     let reply = rest
         .call(Method::GET, &format!("/api/schedules/{missing}"), None)
         .await;

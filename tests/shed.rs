@@ -74,6 +74,7 @@ async fn a_call_is_shed_while_another_holds_the_slot_and_a_live_stream_holds_non
     let again = api
         .get_task(pb::GetTaskRequest {
             task_id: "any".into(),
+            ..Default::default()
         })
         .await
         .expect_err("the slot is still held");

@@ -30,6 +30,7 @@ fn every_second_with(handler: &str, misfire: pb::MisfirePolicy) -> pb::CreateSch
             }),
             ..base
         }),
+        ..Default::default()
     }
 }
 
@@ -81,10 +82,13 @@ async fn a_schedule_every_second_yields_one_task_per_second_each_run_once() {
     let schedule = |api: &TaskApiClient<Channel>| {
         let (mut api, id) = (api.clone(), created.schedule_id.clone());
         async move {
-            api.get_schedule(pb::GetScheduleRequest { schedule_id: id })
-                .await
-                .expect("get the schedule")
-                .into_inner()
+            api.get_schedule(pb::GetScheduleRequest {
+                schedule_id: id,
+                ..Default::default()
+            })
+            .await
+            .expect("get the schedule")
+            .into_inner()
         }
     };
     wait_for("ten fires", Duration::from_secs(30), || async {
@@ -93,6 +97,7 @@ async fn a_schedule_every_second_yields_one_task_per_second_each_run_once() {
     .await;
     api.pause_schedule(pb::PauseScheduleRequest {
         schedule_id: created.schedule_id.clone(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -140,6 +145,7 @@ async fn a_schedule_every_second_yields_one_task_per_second_each_run_once() {
     let got = api
         .get_schedule(pb::GetScheduleRequest {
             schedule_id: created.schedule_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -187,6 +193,7 @@ async fn a_cancel_reaches_the_running_handler_and_a_timeout_retries_then_ends() 
     api.cancel_task(pb::CancelTaskRequest {
         task_id: id.clone(),
         reason: "stop".into(),
+        ..Default::default()
     })
     .await
     .unwrap();

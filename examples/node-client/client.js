@@ -32,7 +32,22 @@ function connect(server) {
     oneofs: true,
   });
   const { TaskApi } = grpc.loadPackageDefinition(definition).taskmesh.v1;
-  return new TaskApi(server.replace(/^http:\/\//, ''), grpc.credentials.createInsecure());
+  // An API token (`taskmesh token create`), from the environment only:
+  // never a flag, which `ps` would show.
+  const token = process.env.TASKMESH_TOKEN;
+  const options = token ? { interceptors: [bearer(token)] } : {};
+  return new TaskApi(server.replace(/^http:\/\//, ''), grpc.credentials.createInsecure(), options);
+}
+
+/** An interceptor presenting `token` on every call (`authorization: Bearer …`). */
+function bearer(token) {
+  return (options, nextCall) =>
+    new grpc.InterceptingCall(nextCall(options), {
+      start(metadata, listener, next) {
+        metadata.set('authorization', `Bearer ${token}`);
+        next(metadata, listener);
+      },
+    });
 }
 
 /** `TASK_STATE_SUCCEEDED` -> `SUCCEEDED`. */

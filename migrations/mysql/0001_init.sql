@@ -1,5 +1,5 @@
 -- taskmesh MySQL / MariaDB schema, version 1: the tables of migrations/sqlite
--- and migrations/postgres (0001..0004 there), in MySQL types, plus the
+-- and migrations/postgres (0001..0005 there), in MySQL types, plus the
 -- `changes` table that carries wake-ups between replicas (MySQL has no
 -- LISTEN/NOTIFY).
 --
@@ -14,6 +14,7 @@
 
 CREATE TABLE tasks (
     id                   VARCHAR(64)  NOT NULL PRIMARY KEY,   -- UUIDv7 text
+    namespace            VARCHAR(64)  NOT NULL DEFAULT 'default',
     handler              VARCHAR(128) NOT NULL,
     payload              LONGBLOB     NOT NULL,
     content_type         TEXT         NOT NULL,
@@ -52,14 +53,19 @@ CREATE TABLE tasks (
     traceparent          VARCHAR(256) NOT NULL,
     balancer             VARCHAR(32)  NULL,
     schedule_id          VARCHAR(64)  NULL,
-    UNIQUE KEY tasks_client_request_id (client_request_id),
-    -- Claims: READY tasks of a handler, highest priority first, FIFO within
-    -- a priority, read by `SELECT … FOR UPDATE SKIP LOCKED`.
-    KEY tasks_ready_claim (state, handler, priority DESC, id),
+    -- The idempotency key, unique within a namespace.
+    UNIQUE KEY tasks_client_request_id (namespace, client_request_id),
+    -- Claims: READY tasks of a namespace and handler, highest priority
+    -- first, FIFO within a priority, read by `SELECT … FOR UPDATE SKIP LOCKED`.
+    KEY tasks_ready_claim (state, namespace, handler, priority DESC, id),
     -- The promoter and both reapers: next_at has passed, earliest first.
     KEY tasks_next_at (next_at, id),
+    -- The in-flight scan after a restart (all namespaces).
     KEY tasks_state_id (state, id),
-    KEY tasks_handler_id (handler, id),
+    -- Listing within a namespace: all, by state, by handler.
+    KEY tasks_namespace_id (namespace, id),
+    KEY tasks_namespace_state_id (namespace, state, id),
+    KEY tasks_handler_id (namespace, handler, id),
     KEY tasks_schedule (schedule_id, id)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
@@ -98,6 +104,7 @@ CREATE TABLE callbacks (
 
 CREATE TABLE schedules (
     id               VARCHAR(64) NOT NULL PRIMARY KEY,
+    namespace        VARCHAR(64) NOT NULL DEFAULT 'default',
     name             TEXT        NOT NULL,
     kind             VARCHAR(16) NOT NULL CHECK (kind IN ('CRON', 'FIXED_RATE', 'FIXED_DELAY')),
     cron_expression  TEXT        NOT NULL,
@@ -117,6 +124,7 @@ CREATE TABLE schedules (
     updated_at       BIGINT      NOT NULL,
     version          BIGINT      NOT NULL,
     KEY schedules_due (paused, next_fire_at, id),
+    KEY schedules_namespace_id (namespace, id),
     KEY schedules_awaiting_run (kind, paused, next_fire_at, id)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
@@ -137,6 +145,25 @@ CREATE TABLE fences (
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 INSERT INTO fences (name, token) VALUES ('leader', 0);
+
+-- API tokens, as a SHA-256 digest only (taskmesh_core::auth).
+CREATE TABLE tokens (
+    id           VARCHAR(32)  NOT NULL PRIMARY KEY,   -- public: listed, logged, revoked by
+    name         VARCHAR(256) NOT NULL,
+    namespace    VARCHAR(64)  NOT NULL,
+    role         VARCHAR(16)  NOT NULL CHECK (role IN ('admin', 'submitter', 'reader', 'worker')),
+    secret_hash  VARCHAR(64)  NOT NULL,
+    created_at   BIGINT       NOT NULL,
+    expires_at   BIGINT       NULL,
+    revoked_at   BIGINT       NULL,
+    KEY tokens_namespace (namespace, id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- The cluster key: derives the per-assignment secrets workers present.
+CREATE TABLE cluster_keys (
+    name   VARCHAR(32) NOT NULL PRIMARY KEY,
+    value  BLOB        NOT NULL
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 -- Wake-ups between replicas: each store's outbox appends one row per batch
 -- of committed changes (the payload format of crate::wake::payload), and

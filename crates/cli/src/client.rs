@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use prost::Message;
 use taskmesh::v1::{self as pb, task_api_client::TaskApiClient};
 use taskmesh_cli::env;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 /// Output forms.
@@ -25,9 +26,82 @@ pub struct Common {
     /// Server URL (the first of a comma-separated list is used).
     #[arg(long, env = env::SERVER, default_value = "http://127.0.0.1:50051")]
     pub server: String,
+    /// The namespace to act in (default: the token's, or "default" without
+    /// authentication).
+    #[arg(long, env = env::NAMESPACE, default_value = "")]
+    pub namespace: String,
+    /// A file holding the API token to present. Without it the token is
+    /// read from $TASKMESH_TOKEN; it is never given as a flag (`ps` and
+    /// shell histories would show it).
+    #[arg(long, env = env::TOKEN_FILE, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
     /// Output form.
     #[arg(long, short, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+}
+
+/// Presents the API token on every call (`authorization: Bearer …`).
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            req.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A channel with the token on every call.
+pub type Authorized = InterceptedService<Channel, Bearer>;
+
+/// The `TaskApi` client the subcommands use.
+pub type Api = TaskApiClient<Authorized>;
+
+/// The API token: the file `--token-file` names, else `$TASKMESH_TOKEN`,
+/// else none.
+pub fn token(common: &Common) -> anyhow::Result<Option<String>> {
+    let text = match &common.token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the token file {}", path.display()))?,
+        None => match std::env::var(env::TOKEN) {
+            Ok(t) => t,
+            Err(_) => return Ok(None),
+        },
+    };
+    let text = text.trim().to_string();
+    Ok((!text.is_empty()).then_some(text))
+}
+
+/// The interceptor presenting `common`'s token.
+pub fn bearer(common: &Common) -> anyhow::Result<Bearer> {
+    let Some(token) = token(common)? else {
+        return Ok(Bearer(None));
+    };
+    let value = format!("Bearer {token}")
+        .parse()
+        .map_err(|_| anyhow::anyhow!("the token is not a valid header value"))?;
+    Ok(Bearer(Some(value)))
+}
+
+/// A channel to `common`'s server, with its token on every call.
+pub async fn channel(common: &Common) -> anyhow::Result<Authorized> {
+    let url = common
+        .server
+        .split(',')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let bearer = bearer(common)?;
+    let channel = tonic::transport::Endpoint::from_shared(url.clone())
+        .with_context(|| format!("invalid server URL {url:?}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {url}"))?;
+    Ok(InterceptedService::new(channel, bearer))
 }
 
 /// `taskmesh submit`.
@@ -97,21 +171,8 @@ pub struct CancelArgs {
     common: Common,
 }
 
-pub async fn connect(common: &Common) -> anyhow::Result<TaskApiClient<Channel>> {
-    let url = common
-        .server
-        .split(',')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_string();
-    let channel = tonic::transport::Endpoint::from_shared(url.clone())
-        .with_context(|| format!("invalid server URL {url:?}"))?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to {url}"))?;
-    Ok(TaskApiClient::new(channel))
+pub async fn connect(common: &Common) -> anyhow::Result<Api> {
+    Ok(TaskApiClient::new(channel(common).await?))
 }
 
 pub fn status_error(status: tonic::Status) -> anyhow::Error {
@@ -182,6 +243,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         }),
         timeout: args.timeout.map(to_duration),
         delay: args.delay.map(to_duration),
+        namespace: args.common.namespace.clone(),
         ..Default::default()
     };
     let resp = api
@@ -204,6 +266,7 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
     let resp = api
         .get_task(pb::GetTaskRequest {
             task_id: args.task_id,
+            namespace: args.common.namespace.clone(),
         })
         .await
         .map_err(status_error)?
@@ -237,6 +300,7 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
             handler: args.handler.unwrap_or_default(),
             page_size: args.limit,
             page_token: args.page_token.unwrap_or_default(),
+            namespace: args.common.namespace.clone(),
         })
         .await
         .map_err(status_error)?
@@ -272,6 +336,7 @@ pub async fn cancel(args: CancelArgs) -> anyhow::Result<()> {
         .cancel_task(pb::CancelTaskRequest {
             task_id: args.task_id,
             reason: args.reason,
+            namespace: args.common.namespace.clone(),
         })
         .await
         .map_err(status_error)?

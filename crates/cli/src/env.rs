@@ -56,6 +56,21 @@ pub const REDIS_PREFIX: &str = "TASKMESH_REDIS_PREFIX";
 pub const LEASE_TTL: &str = "TASKMESH_LEASE_TTL";
 /// Leader lease renew interval (`serve`, cluster mode), e.g. "3s".
 pub const LEASE_RENEW: &str = "TASKMESH_LEASE_RENEW";
+/// The namespace client commands and workers act in.
+pub const NAMESPACE: &str = "TASKMESH_NAMESPACE";
+/// The API token client commands and workers present (environment only:
+/// never a flag).
+pub const TOKEN: &str = "TASKMESH_TOKEN";
+/// A file holding the API token (instead of `TASKMESH_TOKEN`).
+pub const TOKEN_FILE: &str = "TASKMESH_TOKEN_FILE";
+/// A token that is an admin of every namespace (`serve`; environment only:
+/// never a flag).
+pub const BOOTSTRAP_TOKEN: &str = "TASKMESH_BOOTSTRAP_TOKEN";
+/// Require tokens (`serve --auth`).
+pub const AUTH: &str = "TASKMESH_AUTH";
+/// Serve beyond loopback without authentication (`serve --insecure`).
+pub const INSECURE: &str = "TASKMESH_INSECURE";
+
 /// Database URL of the store (`serve`): postgres://, mysql:// or mariadb://; unset means SQLite in the data dir.
 pub const DATABASE_URL: &str = "TASKMESH_DATABASE_URL";
 /// Test-only fault hook (`serve`): a path; while a file exists there, a

@@ -5,6 +5,7 @@ mod client;
 mod ledger;
 mod logging;
 mod schedule_cmd;
+mod token_cmd;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,6 +44,8 @@ enum Command {
     List(client::ListArgs),
     /// Cancel a task.
     Cancel(client::CancelArgs),
+    /// Manage API tokens: create (the secret is printed once), list, revoke.
+    Token(token_cmd::TokenArgs),
     /// Manage schedules (cron, fixed rate, fixed delay).
     Schedule(schedule_cmd::ScheduleArgs),
     /// Run a benchmark scenario and report what it measured.
@@ -128,6 +131,25 @@ struct ServeArgs {
     /// How often the leader renews its lease (cluster mode).
     #[arg(long, env = env::LEASE_RENEW, default_value = "3s", value_parser = humantime::parse_duration)]
     lease_renew: Duration,
+    /// Require an API token on every call but health checks (see `taskmesh
+    /// token --help`). The bootstrap token, an admin of every namespace, is
+    /// read from TASKMESH_BOOTSTRAP_TOKEN (environment only, at least 32
+    /// characters).
+    #[arg(long, env = env::AUTH)]
+    auth: bool,
+    /// Serve addresses beyond loopback without --auth. Without it, a node
+    /// listening on anything but loopback and not requiring tokens refuses
+    /// to start (protected mode).
+    #[arg(long, env = env::INSECURE)]
+    insecure: bool,
+    /// Serve /metrics without a token (default: open only when the HTTP
+    /// port is on loopback, or authentication is off).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    open_metrics: Option<bool>,
+    /// Serve gRPC server reflection without a token (default: open only
+    /// when the gRPC port is on loopback, or authentication is off).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    open_reflection: Option<bool>,
     /// Also run an in-process worker with the built-in handlers.
     #[arg(long)]
     with_worker: bool,
@@ -152,6 +174,14 @@ struct WorkerArgs {
     /// Worker id (default: a fresh UUID).
     #[arg(long)]
     worker_id: Option<String>,
+    /// The namespace whose tasks to run (default: the token's, or
+    /// "default" without authentication).
+    #[arg(long, env = env::NAMESPACE, default_value = "")]
+    namespace: String,
+    /// A file holding the worker's API token (a worker token of its
+    /// namespace). Without it the token is read from $TASKMESH_TOKEN.
+    #[arg(long, env = env::TOKEN_FILE, value_name = "FILE")]
+    token_file: Option<PathBuf>,
     /// Labels the worker carries, as key=value, comma-separated.
     #[arg(long, value_delimiter = ',')]
     label: Vec<String>,
@@ -201,6 +231,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Get(args) => client::get(args).await,
         Command::List(args) => client::list(args).await,
         Command::Cancel(args) => client::cancel(args).await,
+        Command::Token(args) => token_cmd::run(args).await,
         Command::Schedule(args) => schedule_cmd::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Openapi => {
@@ -235,6 +266,31 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
     opts.callbacks.secret = args.callback_secret;
     opts.callbacks.policy.max_attempts = args.callback_max_attempts;
     opts.database_url = args.database_url;
+    // Dev is open on loopback, always; serve only when asked.
+    opts.dispatcher.auth.enabled = args.auth && !dev;
+    opts.dispatcher.auth.bootstrap = std::env::var(env::BOOTSTRAP_TOKEN)
+        .ok()
+        .filter(|t| !t.is_empty());
+    opts.dispatcher.auth.open_reflection = args
+        .open_reflection
+        .unwrap_or(args.grpc_addr.ip().is_loopback());
+    opts.insecure = args.insecure;
+    opts.open_metrics = args.open_metrics;
+    if dev {
+        anyhow::ensure!(
+            opts.loopback_only(),
+            "taskmesh dev serves without authentication and only on loopback; use `taskmesh serve --auth` for other addresses"
+        );
+        tracing::warn!(
+            "dev mode: no authentication (every caller may do everything); loopback only"
+        );
+    } else if !opts.dispatcher.auth.enabled {
+        // Refuse first (protected mode), warn only about what will run.
+        opts.validate()?;
+        tracing::warn!(
+            "authentication is off: every caller may do everything (serve --auth turns it on)"
+        );
+    }
     if let Some(url) = args.redis_url {
         let mut r = taskmesh_coord::RedisOptions::new(url, "this-node");
         r.key_prefix = args.redis_prefix;
@@ -261,6 +317,18 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let _tracing = args.log.init("taskmesh-worker");
     let mut opts = taskmesh_worker::WorkerOptions::new(args.server);
     opts.concurrency = args.concurrency;
+    opts.namespace = args.namespace;
+    let token =
+        match &args.token_file {
+            Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("cannot read the token file {}: {e}", path.display())
+            })?),
+            None => std::env::var(env::TOKEN).ok(),
+        };
+    opts.token = token
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .map(taskmesh_worker::Secret::new);
     opts.push_listen = args.push_listen;
     opts.push_advertise = args.push_advertise;
     if let Some(id) = args.worker_id {

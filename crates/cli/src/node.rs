@@ -50,6 +50,12 @@ pub struct NodeOptions {
     /// Postgres or MySQL/MariaDB URL for the store; `None` uses SQLite in
     /// `data_dir`.
     pub database_url: Option<String>,
+    /// Serve a non-loopback address without authentication (otherwise the
+    /// node refuses to start: protected mode).
+    pub insecure: bool,
+    /// Serve `/metrics` without a token (default: only when the HTTP port
+    /// is on loopback).
+    pub open_metrics: Option<bool>,
 }
 
 impl NodeOptions {
@@ -66,11 +72,32 @@ impl NodeOptions {
             with_worker: None,
             redis: None,
             database_url: None,
+            insecure: false,
+            open_metrics: None,
         }
+    }
+
+    /// True when both ports listen on loopback only.
+    pub fn loopback_only(&self) -> bool {
+        self.grpc_addr.ip().is_loopback() && self.http_addr.ip().is_loopback()
     }
 
     /// Checks the options make sense together.
     pub fn validate(&self) -> anyhow::Result<()> {
+        let auth = &self.dispatcher.auth;
+        anyhow::ensure!(
+            auth.enabled || self.insecure || self.loopback_only(),
+            "protected mode: gRPC on {} and HTTP on {} reach beyond loopback without authentication; \
+             add --auth (with TASKMESH_BOOTSTRAP_TOKEN or tokens), or --insecure to serve them open",
+            self.grpc_addr,
+            self.http_addr
+        );
+        if let Some(bootstrap) = &auth.bootstrap {
+            anyhow::ensure!(
+                bootstrap.len() >= 32 && bootstrap.bytes().all(|b| b.is_ascii_graphic()),
+                "the bootstrap token must be at least 32 printable ASCII characters"
+            );
+        }
         let d = &self.dispatcher;
         anyhow::ensure!(!d.ack_timeout.is_zero(), "ack timeout must be above zero");
         anyhow::ensure!(
@@ -240,8 +267,20 @@ impl RunningNode {
 
 /// Starts a node: opens the store, recovers orphaned attempts (single
 /// node only), then serves.
-pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
+pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
     opts.validate()?;
+    if opts.with_worker.is_some() && opts.dispatcher.auth.enabled {
+        // The in-process worker's own credential: random, never stored.
+        let secret = taskmesh_core::auth::new_token(
+            "node",
+            "default",
+            taskmesh_core::auth::Role::Worker,
+            0,
+            None,
+        )
+        .0;
+        opts.dispatcher.auth.node_worker = Some(secret);
+    }
     // Before any component records a figure.
     let metrics = crate::telemetry::prometheus();
     let (store, clock): (Arc<dyn Store>, Arc<dyn Clock>) = match &opts.database_url {
@@ -339,7 +378,12 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         readiness(store.clone(), coord.clone()),
     )
     .context("building the REST gateway")?
-    .with_routes(axum::Router::new().route("/metrics", axum::routing::get(metrics_route)));
+    .with_routes(metrics_router(
+        dispatcher.shared().auth.clone(),
+        opts.open_metrics
+            .unwrap_or(opts.http_addr.ip().is_loopback())
+            || !opts.dispatcher.auth.enabled,
+    ));
     let deliverer = Deliverer::build(opts.callbacks.clone(), store.clone(), clock.clone())
         .context("building the callback deliverer")?;
 
@@ -384,9 +428,10 @@ pub async fn start(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         }));
     }
     if let Some(slots) = opts.with_worker {
+        let token = opts.dispatcher.auth.node_worker.clone();
         tasks.push(Component::spawn(
             "local worker",
-            local_worker(grpc_addr, slots, shutdown.child_token()),
+            local_worker(grpc_addr, slots, token, shutdown.child_token()),
         ));
     }
     info!(%grpc_addr, %http_addr, data_dir = %opts.data_dir.display(), "taskmesh node started");
@@ -412,6 +457,40 @@ fn loopback(addr: SocketAddr) -> SocketAddr {
         }
         _ => addr,
     }
+}
+
+/// The `/metrics` route: open, or for callers whose token may read.
+fn metrics_router(auth: Arc<taskmesh_dispatcher::auth::Authenticator>, open: bool) -> axum::Router {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
+            let auth = auth.clone();
+            async move {
+                if !open {
+                    let presented = headers
+                        .get(header::AUTHORIZATION)
+                        .and_then(|v| v.to_str().ok());
+                    match auth.identify(presented).await {
+                        Ok(who) if who.allows(taskmesh_dispatcher::auth::Need::Read) => {}
+                        Ok(_) => {
+                            return (StatusCode::FORBIDDEN, "this token may not read metrics\n")
+                                .into_response();
+                        }
+                        Err(_) => {
+                            return (
+                                StatusCode::UNAUTHORIZED,
+                                "missing or invalid token (authorization: Bearer <token>)\n",
+                            )
+                                .into_response();
+                        }
+                    }
+                }
+                metrics_route().await.into_response()
+            }
+        }),
+    )
 }
 
 /// `GET /metrics`: the Prometheus text exposition format.
@@ -451,11 +530,13 @@ fn readiness(store: Arc<dyn Store>, coord: Arc<dyn Coordinator>) -> Readiness {
 async fn local_worker(
     grpc_addr: SocketAddr,
     slots: u32,
+    token: Option<String>,
     shutdown: CancellationToken,
 ) -> Result<(), String> {
     let mut opts = taskmesh_worker::WorkerOptions::new(vec![format!("http://{grpc_addr}")]);
     opts.concurrency = slots;
     opts.name = "local".into();
+    opts.token = token.map(taskmesh_worker::Secret::new);
     let mut worker = taskmesh_worker::Worker::new(opts);
     for name in taskmesh_worker::builtin::BUILTIN_NAMES {
         if let Some(h) = taskmesh_worker::builtin::builtin(name) {

@@ -234,6 +234,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<()> {
             let r = api
                 .create_schedule(pb::CreateScheduleRequest {
                     schedule: Some(def.to_pb()?),
+                    namespace: def.common.namespace.clone(),
                 })
                 .await
                 .map_err(status_error)?
@@ -250,6 +251,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<()> {
             let r = api
                 .get_schedule(pb::GetScheduleRequest {
                     schedule_id: a.schedule_id,
+                    namespace: a.common.namespace.clone(),
                 })
                 .await
                 .map_err(status_error)?
@@ -275,6 +277,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<()> {
             let r = api
                 .list_schedules(pb::ListSchedulesRequest {
                     page_size: a.limit,
+                    namespace: a.common.namespace.clone(),
                     page_token: a.page_token.unwrap_or_default(),
                 })
                 .await
@@ -314,6 +317,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<()> {
                 .update_schedule(pb::UpdateScheduleRequest {
                     schedule_id,
                     schedule: Some(def.to_pb()?),
+                    namespace: def.common.namespace.clone(),
                 })
                 .await
                 .map_err(status_error)?
@@ -330,6 +334,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<()> {
             let r = api
                 .pause_schedule(pb::PauseScheduleRequest {
                     schedule_id: a.schedule_id,
+                    namespace: a.common.namespace.clone(),
                 })
                 .await
                 .map_err(status_error)?
@@ -346,6 +351,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<()> {
             let r = api
                 .resume_schedule(pb::ResumeScheduleRequest {
                     schedule_id: a.schedule_id,
+                    namespace: a.common.namespace.clone(),
                 })
                 .await
                 .map_err(status_error)?
@@ -362,6 +368,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<()> {
             let r = api
                 .delete_schedule(pb::DeleteScheduleRequest {
                     schedule_id: a.schedule_id.clone(),
+                    namespace: a.common.namespace.clone(),
                 })
                 .await
                 .map_err(status_error)?
@@ -379,6 +386,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<()> {
             let r = api
                 .trigger_schedule(pb::TriggerScheduleRequest {
                     schedule_id: a.schedule_id,
+                    namespace: a.common.namespace.clone(),
                 })
                 .await
                 .map_err(status_error)?

@@ -130,6 +130,7 @@ async fn a_redis_outage_deposes_the_leader_and_everything_resumes_by_itself() {
     let got = api
         .get_task(pb::GetTaskRequest {
             task_id: tasks[0].clone(),
+            ..Default::default()
         })
         .await
         .expect("GetTask only reads the store");
@@ -323,6 +324,7 @@ async fn a_postgres_outage_answers_unavailable_and_loses_no_task() {
         "GetTask",
         api.get_task(pb::GetTaskRequest {
             task_id: tasks[0].clone(),
+            ..Default::default()
         }),
     )
     .await

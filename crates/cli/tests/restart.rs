@@ -22,6 +22,7 @@ fn every_second_with(handler: &str, misfire: pb::MisfirePolicy) -> pb::CreateSch
             misfire_policy: misfire as i32,
             ..every_second(handler)
         }),
+        ..Default::default()
     }
 }
 
@@ -120,7 +121,10 @@ async fn a_restart_of_serve_applies_the_misfire_policy() {
         let id = skip.schedule_id.clone();
         async move {
             let s = api
-                .get_schedule(pb::GetScheduleRequest { schedule_id: id })
+                .get_schedule(pb::GetScheduleRequest {
+                    schedule_id: id,
+                    ..Default::default()
+                })
                 .await
                 .ok()?
                 .into_inner();
@@ -141,11 +145,14 @@ async fn a_restart_of_serve_applies_the_misfire_policy() {
     let fires_of = |id: String| {
         let mut api = api.clone();
         async move {
-            api.get_schedule(pb::GetScheduleRequest { schedule_id: id })
-                .await
-                .unwrap()
-                .into_inner()
-                .recent_fires
+            api.get_schedule(pb::GetScheduleRequest {
+                schedule_id: id,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .recent_fires
         }
     };
     // SKIP: the missed times are recorded as skipped, no task for them.

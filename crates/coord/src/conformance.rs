@@ -105,6 +105,8 @@ pub fn entry(session: &str, node: &str) -> WorkerEntry {
     WorkerEntry {
         session_id: session.into(),
         worker_id: format!("w-{session}"),
+        namespace: "default".into(),
+        owner: "open".into(),
         name: format!("worker {session}"),
         node_id: node.into(),
         handlers: vec!["echo".into(), "sleep".into()],

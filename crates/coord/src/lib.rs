@@ -72,6 +72,11 @@ pub struct WorkerEntry {
     pub session_id: String,
     /// The worker's own id.
     pub worker_id: String,
+    /// The namespace whose tasks it runs.
+    pub namespace: String,
+    /// Who opened the session (the dispatcher's `Identity::principal`): no
+    /// other identity may register under this worker id while it lives.
+    pub owner: String,
     /// Human-readable name.
     pub name: String,
     /// The replica holding the stream.

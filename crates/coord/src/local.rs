@@ -235,6 +235,8 @@ mod tests {
             c.put_worker(WorkerEntry {
                 session_id: s.into(),
                 worker_id: format!("w-{s}"),
+                namespace: "default".into(),
+                owner: "open".into(),
                 name: String::new(),
                 node_id: "n1".into(),
                 handlers: vec!["echo".into()],

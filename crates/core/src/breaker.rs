@@ -140,12 +140,17 @@ impl Breaker {
     }
 }
 
-/// Every handler's breaker (cheap to clone, shared by the dispatcher, which
-/// records outcomes, and the scheduler, which gates retries).
+/// A breaker's key: the namespace and the handler (one namespace's
+/// failures never open another's breaker).
+pub type BreakerKey = (String, String);
+
+/// Every handler's breaker, per namespace (cheap to clone, shared by the
+/// dispatcher, which records outcomes, and the scheduler, which gates
+/// retries).
 #[derive(Debug, Clone, Default)]
 pub struct Breakers {
     opts: BreakerOptions,
-    inner: Arc<Mutex<BTreeMap<String, Breaker>>>,
+    inner: Arc<Mutex<BTreeMap<BreakerKey, Breaker>>>,
 }
 
 impl Breakers {
@@ -157,31 +162,38 @@ impl Breakers {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Breaker>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<BreakerKey, Breaker>> {
         // Plain data: a panic elsewhere leaves it usable.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records an outcome of `handler`.
-    pub fn record(&self, handler: &str, success: bool, now: UnixMillis) {
+    /// Records an outcome of `handler` in `namespace`.
+    pub fn record(&self, namespace: &str, handler: &str, success: bool, now: UnixMillis) {
         let mut map = self.lock();
         let opts = self.opts;
-        map.entry(handler.to_string())
+        map.entry((namespace.to_string(), handler.to_string()))
             .or_default()
             .record(&opts, success, now);
     }
 
-    /// May a retry of `handler` run now? `Err(t)`: wait until `t`.
-    pub fn allow_retry(&self, handler: &str, now: UnixMillis) -> Result<(), UnixMillis> {
+    /// May a retry of `handler` in `namespace` run now? `Err(t)`: wait
+    /// until `t`.
+    pub fn allow_retry(
+        &self,
+        namespace: &str,
+        handler: &str,
+        now: UnixMillis,
+    ) -> Result<(), UnixMillis> {
         let opts = self.opts;
-        match self.lock().get_mut(handler) {
+        let key = (namespace.to_string(), handler.to_string());
+        match self.lock().get_mut(&key) {
             Some(b) => b.allow_retry(&opts, now),
             None => Ok(()),
         }
     }
 
     /// A snapshot of every breaker.
-    pub fn snapshot(&self) -> Vec<(String, Breaker)> {
+    pub fn snapshot(&self) -> Vec<(BreakerKey, Breaker)> {
         self.lock()
             .iter()
             .map(|(h, b)| (h.clone(), b.clone()))
@@ -251,12 +263,17 @@ mod tests {
     fn breakers_are_per_handler() {
         let all = Breakers::new(opts());
         for _ in 0..4 {
-            all.record("bad", false, 0);
-            all.record("good", true, 0);
+            all.record("a", "bad", false, 0);
+            all.record("a", "good", true, 0);
         }
-        assert!(all.allow_retry("bad", 1).is_err());
-        assert_eq!(all.allow_retry("good", 1), Ok(()));
-        assert_eq!(all.allow_retry("unknown", 1), Ok(()));
+        assert!(all.allow_retry("a", "bad", 1).is_err());
+        assert_eq!(
+            all.allow_retry("b", "bad", 1),
+            Ok(()),
+            "another namespace's breaker is its own"
+        );
+        assert_eq!(all.allow_retry("a", "good", 1), Ok(()));
+        assert_eq!(all.allow_retry("a", "unknown", 1), Ok(()));
         assert_eq!(all.snapshot().len(), 2);
     }
 }

@@ -7,6 +7,7 @@
 //! function [`state::apply`]; the store only persists its result with a
 //! compare-and-set on the task's version.
 
+pub mod auth;
 pub mod breaker;
 pub mod callback;
 pub mod clock;

@@ -118,6 +118,8 @@ pub struct TaskTemplate {
 pub struct ScheduleRecord {
     /// Id.
     pub id: String,
+    /// The namespace it and the tasks it fires belong to.
+    pub namespace: String,
     /// Human-readable name.
     pub name: String,
     /// Kind.
@@ -205,6 +207,7 @@ impl ScheduleRecord {
         let t = &self.template;
         NewTask {
             id,
+            namespace: self.namespace.clone(),
             handler: t.handler.clone(),
             payload: t.payload.clone(),
             content_type: t.content_type.clone(),

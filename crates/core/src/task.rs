@@ -94,6 +94,9 @@ impl Strategy {
 pub struct NewTask {
     /// Id chosen for the task (used only if it is created).
     pub id: String,
+    /// The namespace it belongs to (its idempotency key is unique within
+    /// it; nothing outside it sees the task).
+    pub namespace: String,
     /// Handler name.
     pub handler: String,
     /// Input bytes.
@@ -133,6 +136,7 @@ impl NewTask {
     pub fn new(handler: impl Into<String>, run_at: UnixMillis) -> Self {
         Self {
             id: crate::id::new_task_id(),
+            namespace: crate::validate::DEFAULT_NAMESPACE.to_string(),
             handler: handler.into(),
             payload: b"{}".to_vec(),
             content_type: "application/json".into(),
@@ -203,6 +207,7 @@ impl NewTask {
         }
         TaskRecord {
             id: self.id,
+            namespace: self.namespace,
             handler: self.handler,
             payload: self.payload,
             content_type: self.content_type,
@@ -258,6 +263,8 @@ pub struct StateTimes {
 pub struct TaskRecord {
     /// Task id.
     pub id: String,
+    /// The namespace it belongs to.
+    pub namespace: String,
     /// Handler name.
     pub handler: String,
     /// Input bytes.

@@ -37,6 +37,24 @@ pub fn handler_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The namespace of everything a request names when it names none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Longest namespace name.
+pub const MAX_NAMESPACE_LEN: usize = 64;
+
+/// Checks a namespace name: 1-64 characters of `[A-Za-z0-9_.:-]`, starting
+/// with a letter or digit (the handler-name alphabet).
+pub fn namespace(name: &str) -> Result<(), String> {
+    if name.len() > MAX_NAMESPACE_LEN {
+        return Err(format!(
+            "namespace is {} characters long; the limit is {MAX_NAMESPACE_LEN}",
+            name.len()
+        ));
+    }
+    handler_name(name).map_err(|e| e.replacen("handler", "namespace", 1))
+}
+
 /// Checks a free-form identifier such as a worker id or client request id.
 pub fn short_text(field: &str, value: &str) -> Result<(), String> {
     if value.len() > MAX_NAME_LEN {

@@ -77,6 +77,8 @@ fn reserve_and_finish_among_1000(bencher: Bencher, name: &str) {
         keep.push(rx);
         registry.insert(Registration {
             session_id: format!("session-{i}"),
+            namespace: taskmesh_core::validate::DEFAULT_NAMESPACE.into(),
+            owner: String::new(),
             worker_id: format!("worker-{i}"),
             name: format!("worker-{i}"),
             handlers: HashSet::from(["echo".to_string()]),

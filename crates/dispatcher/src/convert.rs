@@ -117,6 +117,7 @@ fn outcome_to_pb(outcome: Option<AttemptOutcome>) -> pb::AttemptOutcome {
 pub fn task_to_pb(t: &TaskRecord) -> pb::Task {
     let ts = |v: Option<UnixMillis>| v.map(timestamp);
     pb::Task {
+        namespace: t.namespace.clone(),
         task_id: t.id.clone(),
         handler: t.handler.clone(),
         payload: Some(pb::Payload {

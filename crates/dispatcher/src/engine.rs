@@ -55,6 +55,31 @@ pub struct Shared {
     pub stats: Arc<DispatchStats>,
     /// Push-mode sessions (workers this node calls with `Worker.Execute`).
     pub push: crate::push::PushWorkers,
+    /// Who is calling: tokens, checked and cached.
+    pub auth: Arc<crate::auth::Authenticator>,
+    /// The cluster's key (from the store, read before serving), from which
+    /// assignment secrets are derived.
+    pub cluster_key: Arc<std::sync::OnceLock<Vec<u8>>>,
+}
+
+impl Shared {
+    /// The secret of assignment `execution_id` (see
+    /// `taskmesh_core::auth::assignment_secret`); empty before the cluster
+    /// key is loaded, which no served request can see.
+    pub fn assignment_secret(&self, execution_id: &str) -> String {
+        match self.cluster_key.get() {
+            Some(key) => taskmesh_core::auth::assignment_secret(key, execution_id),
+            None => String::new(),
+        }
+    }
+
+    /// Whether `presented` is the secret of assignment `execution_id`.
+    pub fn is_assignment_secret(&self, execution_id: &str, presented: &str) -> bool {
+        self.cluster_key.get().is_some_and(|key| {
+            let want = taskmesh_core::auth::assignment_secret(key, execution_id);
+            taskmesh_core::auth::same_secret(&want, presented)
+        })
+    }
 }
 
 /// Counters of the engine's work, for tests and benchmarks: they show the
@@ -125,7 +150,8 @@ impl Shared {
     ) {
         if let (Some(success), Ok(task)) = (outcome, result) {
             let now = self.clock.now_millis();
-            self.breakers.record(&task.handler, success, now);
+            self.breakers
+                .record(&task.namespace, &task.handler, success, now);
             meters::attempt_ended(task, now);
         }
         if self.registry.finish_with(execution_id, after).is_some() {
@@ -251,7 +277,7 @@ async fn dispatch_round(shared: &Shared) -> Result<(), taskmesh_store::Error> {
             return Ok(());
         }
         let mut pushed = 0usize;
-        for (handler, slots) in free {
+        for ((namespace, handler), slots) in free {
             let limit = (slots as usize).min(shared.opts.claim_batch);
             let now = shared.clock.now_millis();
             let ack_deadline = now + shared.opts.ack_timeout.as_millis() as i64;
@@ -273,7 +299,7 @@ async fn dispatch_round(shared: &Shared) -> Result<(), taskmesh_store::Error> {
             shared.stats.claim_calls.fetch_add(1, Ordering::Relaxed);
             let claimed = match shared
                 .store
-                .claim_ready(&handler, limit, now, &mut chooser)
+                .claim_ready(&namespace, &handler, limit, now, &mut chooser)
                 .await
             {
                 Ok(c) => c,
@@ -362,6 +388,7 @@ async fn push(shared: &Shared, task: TaskRecord) {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             timeout: Some(duration(task.timeout_ms)),
+            report_secret: shared.assignment_secret(&execution_id),
         })),
     };
     match tx.try_send(Ok(msg)) {

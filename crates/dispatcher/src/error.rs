@@ -12,6 +12,9 @@ pub enum Error {
     /// The named thing does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// The caller is known but may not do this.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The store failed or refused.
     #[error(transparent)]
     Store(#[from] taskmesh_store::Error),
@@ -32,6 +35,7 @@ impl Error {
         match self {
             Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Error::NotFound(_) => ErrorCode::NotFound,
+            Error::PermissionDenied(_) => ErrorCode::PermissionDenied,
             Error::Store(e) => e.code(),
             Error::Coord(e) => e.code(),
             Error::Transport(_) | Error::Reflection(_) => ErrorCode::Internal,

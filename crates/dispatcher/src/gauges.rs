@@ -18,7 +18,7 @@ use crate::engine::Shared;
 pub async fn run(shared: Shared, every: Duration, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut handlers: HashSet<String> = HashSet::new();
+    let mut handlers: HashSet<(String, String)> = HashSet::new();
     let mut workers: HashSet<String> = HashSet::new();
     loop {
         tokio::select! {
@@ -32,23 +32,28 @@ pub async fn run(shared: Shared, every: Duration, shutdown: CancellationToken) {
 /// One refresh (also run by tests before they scrape).
 pub async fn refresh(
     shared: &Shared,
-    handlers: &mut HashSet<String>,
+    handlers: &mut HashSet<(String, String)>,
     workers: &mut HashSet<String>,
 ) {
     match shared.store.ready_counts().await {
         Ok(counts) => {
-            let now: HashSet<String> = counts.iter().map(|(h, _)| h.clone()).collect();
-            for gone in handlers.difference(&now) {
-                metrics::gauge!(meters::QUEUE_DEPTH, "handler" => gone.clone()).set(0.0);
+            let now: HashSet<(String, String)> = counts
+                .iter()
+                .map(|(ns, h, _)| (ns.clone(), h.clone()))
+                .collect();
+            for (ns, h) in handlers.difference(&now) {
+                metrics::gauge!(meters::QUEUE_DEPTH, "namespace" => ns.clone(), "handler" => h.clone())
+                    .set(0.0);
             }
-            for (handler, n) in counts {
-                metrics::gauge!(meters::QUEUE_DEPTH, "handler" => handler).set(n as f64);
+            for (ns, handler, n) in counts {
+                metrics::gauge!(meters::QUEUE_DEPTH, "namespace" => ns, "handler" => handler)
+                    .set(n as f64);
             }
             *handlers = now;
         }
         Err(err) => debug!(error = %err, "queue depth not refreshed"),
     }
-    let snapshot = shared.registry.snapshot(shared.coord.node_id());
+    let snapshot = shared.registry.snapshot(shared.coord.node_id(), None);
     metrics::gauge!(meters::WORKERS_CONNECTED).set(snapshot.len() as f64);
     let mut active = std::collections::HashMap::<String, u32>::new();
     for w in &snapshot {

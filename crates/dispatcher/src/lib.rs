@@ -5,6 +5,8 @@
 //! Architecture invariant: this crate speaks gRPC only; it never parses HTTP
 //! or JSON (that is the gateway's job) and never writes SQL (the store's).
 
+mod admin_api;
+pub mod auth;
 pub mod balancer;
 mod batcher;
 pub mod convert;
@@ -37,6 +39,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+pub use admin_api::AdminService;
 pub use balancer::BalancerOptions;
 pub use batcher::Batcher;
 pub use engine::{DispatchStats, Shared};
@@ -73,6 +76,8 @@ pub struct DispatcherOptions {
     pub balancer: BalancerOptions,
     /// How often the queue-depth and worker gauges are refreshed.
     pub gauge_interval: Duration,
+    /// Authentication: tokens, the bootstrap token, what stays open.
+    pub auth: auth::AuthOptions,
 }
 
 impl Default for DispatcherOptions {
@@ -88,6 +93,10 @@ impl Default for DispatcherOptions {
             health_interval: Duration::from_secs(2),
             balancer: BalancerOptions::default(),
             gauge_interval: Duration::from_secs(2),
+            auth: auth::AuthOptions {
+                cache_ttl: Duration::from_secs(5),
+                ..auth::AuthOptions::default()
+            },
         }
     }
 }
@@ -110,8 +119,15 @@ impl Dispatcher {
         reaped: mpsc::Receiver<Reaped>,
     ) -> Self {
         let registry = Registry::new(opts.balancer.clone());
+        let authenticator = Arc::new(auth::Authenticator::new(
+            store.clone(),
+            clock.clone(),
+            opts.auth.clone(),
+        ));
         Self {
             shared: Shared {
+                auth: authenticator,
+                cluster_key: Arc::default(),
                 opts,
                 coord,
                 registry,
@@ -176,6 +192,11 @@ impl Dispatcher {
     ) -> Result<(), Error> {
         let Dispatcher { shared, reaped } = self;
         let opts = shared.opts.clone();
+        // Assignment secrets need the cluster key before the first push.
+        if shared.cluster_key.get().is_none() {
+            let key = shared.store.cluster_key().await?;
+            let _ = shared.cluster_key.set(key);
+        }
         // Built first: the descriptor set is fixed at compile time, but a bad
         // one must stop the node before it listens, not fail per request.
         let (reflection_v1, reflection_v1alpha) = health::reflection()?;
@@ -203,6 +224,9 @@ impl Dispatcher {
             .max_decoding_message_size(max)
             .max_encoding_message_size(max);
         let dispatcher = DispatcherServer::new(DispatcherService::new(shared.clone()))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        let admin = taskmesh::v1::admin_server::AdminServer::new(AdminService::new(shared.clone()))
             .max_decoding_message_size(max)
             .max_encoding_message_size(max);
 
@@ -242,9 +266,16 @@ impl Dispatcher {
             // Health checks pass through it on purpose: a node refusing work
             // should also look unavailable to a load balancer's probe.
             .layer(layers::ShedLayer::new(opts.max_concurrent_requests))
+            // Then who is calling: inside the shedder, so a flood of bad
+            // tokens is refused before it costs token look-ups, and before
+            // every service, so none is reached unidentified. Health passes
+            // (a probe carries no token); what a request names (its
+            // namespace) is checked by the handler.
+            .layer(auth::AuthLayer::new(shared.auth.clone()))
             // The contract's services.
             .add_service(task_api)
             .add_service(dispatcher)
+            .add_service(admin)
             // Operations: health follows the store and coordination; reflection
             // lets grpcurl and friends discover the contract without proto/.
             .add_service(health_service)

@@ -68,11 +68,11 @@ pub(crate) async fn release_lost(
     Ok(moved)
 }
 
-/// Takes back the in-flight attempts of `worker_id` that no session of this
-/// node holds (they were pushed to a session that is gone).
-pub(crate) async fn release_earlier_attempts(shared: &Shared, worker_id: &str) {
+/// Takes back the in-flight attempts of `worker_id` in `namespace` that no
+/// session of this node holds (they were pushed to a session that is gone).
+pub(crate) async fn release_earlier_attempts(shared: &Shared, namespace: &str, worker_id: &str) {
     let tasks = match shared.store.in_flight(Some(worker_id)).await {
-        Ok(t) => t,
+        Ok(t) => t.into_iter().filter(|t| t.namespace == namespace).collect(),
         Err(err) => {
             warn!(worker_id, error = %err, "cannot read the earlier attempts of a reconnected worker");
             return;

@@ -37,6 +37,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 mod link;
 
+use crate::auth::Identity;
 use crate::convert::duration;
 use crate::engine::Shared;
 use crate::registry::{Heartbeat, Registration};
@@ -49,6 +50,29 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest accepted push address.
 const MAX_ADDRESS_LEN: usize = 2048;
 
+/// Shortest and longest secret a push worker may give for the servers to
+/// present.
+const SERVER_SECRET_LEN: std::ops::RangeInclusive<usize> = 32..=256;
+
+/// Puts the secret the worker gave at registration on every call to it, so
+/// its `Worker` service can tell its servers from anybody else who reaches
+/// its port.
+#[derive(Clone)]
+pub(crate) struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            req.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A client of one push worker's `Worker` service.
+pub(crate) type PushClient =
+    WorkerClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
+
 /// The push-mode sessions of this node (cheap to clone).
 #[derive(Clone, Default)]
 pub struct PushWorkers {
@@ -59,6 +83,9 @@ pub struct PushWorkers {
 
 struct PushSession {
     worker_id: String,
+    /// Who registered it: only the same identity refreshes, reports on or
+    /// deregisters it.
+    owner: String,
     address: String,
     registration: pb::WorkerRegistration,
     /// The last registration (or refresh).
@@ -105,6 +132,7 @@ impl PushWorkers {
 /// session at the same address on this node.
 pub(crate) async fn register(
     shared: &Shared,
+    who: &Identity,
     req: pb::RegisterPushWorkerRequest,
 ) -> Result<pb::WorkerRegistered, Status> {
     let reg = req
@@ -112,6 +140,9 @@ pub(crate) async fn register(
         .ok_or_else(|| Status::invalid_argument("registration is required"))?;
     stream::validate_registration(&reg)?;
     validate_address(&req.address)?;
+    let bearer = server_secret(&req.server_secret)?;
+    let namespace = who.namespace_for(&reg.namespace)?;
+    stream::claim_worker_id(shared, who, &reg.worker_id).await?;
     let answer = |session_id: String| pb::WorkerRegistered {
         session_id,
         heartbeat_interval: Some(duration(shared.opts.heartbeat_interval.as_millis() as i64)),
@@ -166,7 +197,7 @@ pub(crate) async fn register(
         .tcp_nodelay(true)
         .connect_lazy();
     let max = shared.opts.max_message_bytes;
-    let client = WorkerClient::new(channel)
+    let client = WorkerClient::with_interceptor(channel, bearer)
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
 
@@ -179,6 +210,8 @@ pub(crate) async fn register(
     let entry = WorkerEntry {
         session_id: session_id.clone(),
         worker_id: reg.worker_id.clone(),
+        namespace: namespace.clone(),
+        owner: who.principal.clone(),
         name: reg.name.clone(),
         node_id: shared.coord.node_id().to_string(),
         handlers: reg.handlers.clone(),
@@ -204,6 +237,7 @@ pub(crate) async fn register(
         session_id.clone(),
         PushSession {
             worker_id: reg.worker_id.clone(),
+            owner: who.principal.clone(),
             address: req.address.clone(),
             registration: reg.clone(),
             refreshed: Instant::now(),
@@ -215,6 +249,8 @@ pub(crate) async fn register(
     shared.registry.insert(Registration {
         session_id: session_id.clone(),
         worker_id: reg.worker_id.clone(),
+        namespace: namespace.clone(),
+        owner: who.principal.clone(),
         name: reg.name.clone(),
         handlers: reg.handlers.iter().cloned().collect::<HashSet<_>>(),
         capacity: reg.capacity,
@@ -228,7 +264,10 @@ pub(crate) async fn register(
         // As for a reconnecting stream: attempts pushed under an earlier
         // session of this worker can never be reported; take them back.
         let (shared, worker_id) = (shared.clone(), reg.worker_id.clone());
-        tokio::spawn(async move { lost::release_earlier_attempts(&shared, &worker_id).await });
+        let namespace = namespace.clone();
+        tokio::spawn(async move {
+            lost::release_earlier_attempts(&shared, &namespace, &worker_id).await
+        });
     }
     shared.registry.heartbeat(
         &session_id,
@@ -255,7 +294,7 @@ pub(crate) async fn register(
 /// Probes a worker that registers: it must answer, as itself.
 async fn first_probe(
     shared: &Shared,
-    client: &WorkerClient<Channel>,
+    client: &PushClient,
     reg: &pb::WorkerRegistration,
     address: &str,
 ) -> Result<WorkerLoad, Status> {
@@ -294,6 +333,7 @@ async fn first_probe(
 /// answered once it is durable (or refused as stale).
 pub(crate) async fn report(
     shared: &Shared,
+    who: &Identity,
     req: pb::ReportResultRequest,
 ) -> Result<pb::ResultRecorded, Status> {
     if req.session_id.is_empty() {
@@ -312,8 +352,16 @@ pub(crate) async fn report(
             "complete.result must be a success or a failure",
         ));
     }
-    if !shared.push.lock().contains_key(&req.session_id) {
-        return Err(unknown_session(&req.session_id));
+    owned_by(shared, who, &req.session_id)?;
+    // The assignment's secret travelled only in the Execute call: a session
+    // id (ListWorkers) and an execution id (GetTask) alone forge nothing.
+    if !shared.is_assignment_secret(&done.execution_id, &req.report_secret) {
+        metrics::counter!(crate::auth::AUTH_REFUSED_TOTAL, "reason" => "report_secret")
+            .increment(1);
+        warn!(session_id = %req.session_id, execution_id = %done.execution_id, "refused: a result without its assignment's secret");
+        return Err(Status::permission_denied(
+            "report_secret is not the secret of this assignment",
+        ));
     }
     // The recording (its retries while the store is unreachable, and the
     // slot's release once it lands) runs on a task of its own: a caller
@@ -329,11 +377,13 @@ pub(crate) async fn report(
 /// running attempts have reported.
 pub(crate) async fn deregister(
     shared: &Shared,
+    who: &Identity,
     req: pb::DeregisterPushWorkerRequest,
 ) -> Result<(), Status> {
     if req.session_id.is_empty() {
         return Err(Status::invalid_argument("session_id must not be empty"));
     }
+    owned_by(shared, who, &req.session_id)?;
     let entry = {
         let mut sessions = shared.push.lock();
         let s = sessions
@@ -351,6 +401,41 @@ pub(crate) async fn deregister(
         warn!(error = %err, "cannot mark the push worker draining cluster-wide");
     }
     Ok(())
+}
+
+/// Refuses a call on a session that does not exist here or that another
+/// identity opened.
+fn owned_by(shared: &Shared, who: &Identity, session_id: &str) -> Result<(), Status> {
+    let owner = shared.push.lock().get(session_id).map(|s| s.owner.clone());
+    match owner {
+        None => Err(unknown_session(session_id)),
+        Some(owner) if owner != who.principal => {
+            metrics::counter!(crate::auth::AUTH_REFUSED_TOTAL, "reason" => "session").increment(1);
+            warn!(session_id, principal = %who.principal, "refused: another identity's push session");
+            Err(Status::permission_denied(format!(
+                "session {session_id:?} belongs to another identity"
+            )))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// The interceptor presenting the worker's secret, after checking it.
+fn server_secret(secret: &str) -> Result<Bearer, Status> {
+    if secret.is_empty() {
+        return Ok(Bearer(None));
+    }
+    if !SERVER_SECRET_LEN.contains(&secret.len()) || !secret.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Status::invalid_argument(format!(
+            "server_secret must be {} to {} printable ASCII characters",
+            SERVER_SECRET_LEN.start(),
+            SERVER_SECRET_LEN.end()
+        )));
+    }
+    let value = format!("Bearer {secret}")
+        .parse()
+        .map_err(|_| Status::invalid_argument("server_secret is not a valid header value"))?;
+    Ok(Bearer(Some(value)))
 }
 
 fn unknown_session(session_id: &str) -> Status {

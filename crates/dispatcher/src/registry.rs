@@ -21,6 +21,14 @@ use tokio::sync::mpsc;
 use crate::balancer::{BalancerOptions, Candidate, hash};
 use pool::{Member, Pool};
 
+/// A pool's key: the namespace and the handler (a stream serves a handler
+/// for its own namespace only).
+pub type PoolKey = (String, String);
+
+fn key(namespace: &str, handler: &str) -> PoolKey {
+    (namespace.to_string(), handler.to_string())
+}
+
 /// Messages queued to one worker stream.
 pub type StreamTx = mpsc::Sender<Result<pb::ConnectResponse, tonic::Status>>;
 
@@ -31,6 +39,11 @@ pub struct Registration {
     pub session_id: String,
     /// The worker's id.
     pub worker_id: String,
+    /// The namespace whose tasks it runs.
+    pub namespace: String,
+    /// Who opened the session (`Identity::principal`): only the same
+    /// identity may report on it, drain it or take it over.
+    pub owner: String,
     /// Human-readable name.
     pub name: String,
     /// Handlers it serves.
@@ -151,8 +164,8 @@ struct Inner {
     sessions: HashMap<String, Session>,
     /// execution id → session id.
     owners: HashMap<String, String>,
-    /// handler → the streams serving it.
-    pools: HashMap<String, Pool>,
+    /// (namespace, handler) → the streams serving it.
+    pools: HashMap<PoolKey, Pool>,
     next_seq: u64,
 }
 
@@ -164,17 +177,17 @@ impl Inner {
         };
         let cand = s.candidate();
         for h in &s.reg.handlers {
-            if let Some(p) = self.pools.get_mut(h) {
+            if let Some(p) = self.pools.get_mut(&key(&s.reg.namespace, h)) {
                 p.update(cand);
             }
         }
     }
 
-    fn leave_pool(&mut self, handler: &str, seq: u64) {
-        if let Some(p) = self.pools.get_mut(handler) {
+    fn leave_pool(&mut self, pool: PoolKey, seq: u64) {
+        if let Some(p) = self.pools.get_mut(&pool) {
             p.remove(seq);
             if p.is_empty() {
-                self.pools.remove(handler);
+                self.pools.remove(&pool);
             }
         }
     }
@@ -222,7 +235,7 @@ impl Registry {
         for h in &session.reg.handlers {
             inner
                 .pools
-                .entry(h.clone())
+                .entry(key(&session.reg.namespace, h))
                 .or_insert_with(|| Pool::new(vnodes))
                 .insert(member.clone(), cand);
         }
@@ -238,7 +251,7 @@ impl Registry {
             return Vec::new();
         };
         for h in &session.reg.handlers {
-            inner.leave_pool(h, session.seq);
+            inner.leave_pool(key(&session.reg.namespace, h), session.seq);
         }
         let execs: Vec<String> = session.in_flight.into_iter().collect();
         for e in &execs {
@@ -288,6 +301,23 @@ impl Registry {
         }
     }
 
+    /// Who owns the sessions of `worker_id` on this node, if it has any.
+    pub fn owner_of(&self, worker_id: &str) -> Option<String> {
+        self.lock()
+            .sessions
+            .values()
+            .find(|s| s.reg.worker_id == worker_id)
+            .map(|s| s.reg.owner.clone())
+    }
+
+    /// Who opened session `session_id`, and in which namespace.
+    pub fn session_owner(&self, session_id: &str) -> Option<(String, String)> {
+        self.lock()
+            .sessions
+            .get(session_id)
+            .map(|s| (s.reg.owner.clone(), s.reg.namespace.clone()))
+    }
+
     /// How many of this node's streams belong to `worker_id`.
     pub fn streams_of(&self, worker_id: &str) -> usize {
         self.lock()
@@ -320,14 +350,14 @@ impl Registry {
             return;
         };
         if s.reg.handlers.remove(handler) {
-            let seq = s.seq;
-            inner.leave_pool(handler, seq);
+            let (seq, pool) = (s.seq, key(&s.reg.namespace, handler));
+            inner.leave_pool(pool, seq);
         }
     }
 
-    /// Handlers that some stream could take a task for now, with the total
-    /// free slots across streams serving each.
-    pub fn free_slots_by_handler(&self) -> BTreeMap<String, u32> {
+    /// The (namespace, handler) pairs some stream could take a task for
+    /// now, with the total free slots across streams serving each.
+    pub fn free_slots_by_handler(&self) -> BTreeMap<PoolKey, u32> {
         let inner = self.lock();
         let mut out = BTreeMap::new();
         for s in inner.sessions.values() {
@@ -336,7 +366,7 @@ impl Registry {
                 continue;
             }
             for h in &s.reg.handlers {
-                *out.entry(h.clone()).or_insert(0) += free;
+                *out.entry(key(&s.reg.namespace, h)).or_insert(0) += free;
             }
         }
         out
@@ -353,10 +383,11 @@ impl Registry {
         let strategy = task
             .balancer
             .unwrap_or_else(|| inner.opts.strategy_for(&task.handler));
-        let key = hash::routing_key(&task.routing_key, &task.id);
+        let ring_key = hash::routing_key(&task.routing_key, &task.id);
+        let pool_key = key(&task.namespace, &task.handler);
         loop {
-            let pool = inner.pools.get_mut(&task.handler)?;
-            let i = pool.choose(strategy, &task.labels, key)?;
+            let pool = inner.pools.get_mut(&pool_key)?;
+            let i = pool.choose(strategy, &task.labels, ring_key)?;
             let member = pool.member(i)?;
             let session_id = member.session_id.to_string();
             let (closed, full) = (member.tx.is_closed(), member.tx.capacity() == 0);
@@ -422,10 +453,14 @@ impl Registry {
         self.lock().owners.get(execution_id).map(String::as_str) == Some(session_id)
     }
 
-    /// A snapshot for `ListWorkers`, in join order.
-    pub fn snapshot(&self, node_id: &str) -> Vec<pb::WorkerInfo> {
+    /// A snapshot for `ListWorkers` (of `namespace`, or all), in join order.
+    pub fn snapshot(&self, node_id: &str, namespace: Option<&str>) -> Vec<pb::WorkerInfo> {
         let inner = self.lock();
-        let mut sessions: Vec<&Session> = inner.sessions.values().collect();
+        let mut sessions: Vec<&Session> = inner
+            .sessions
+            .values()
+            .filter(|s| namespace.is_none_or(|ns| s.reg.namespace == ns))
+            .collect();
         sessions.sort_by_key(|s| s.seq);
         sessions
             .into_iter()
@@ -451,6 +486,7 @@ impl Registry {
                     draining: s.draining,
                     session_id: s.reg.session_id.clone(),
                     node_id: node_id.to_string(),
+                    namespace: s.reg.namespace.clone(),
                 }
             })
             .collect()

@@ -34,12 +34,18 @@ pub(crate) fn schedule_id_of(text: &str) -> Result<String, Error> {
     })
 }
 
-/// Reads a schedule or fails with NOT_FOUND.
-pub(crate) async fn load(shared: &Shared, id: &str) -> Result<ScheduleRecord, Error> {
+/// Reads a schedule of `namespace` or fails with NOT_FOUND (also when it
+/// belongs to another namespace: never confirm it exists).
+pub(crate) async fn load(
+    shared: &Shared,
+    namespace: &str,
+    id: &str,
+) -> Result<ScheduleRecord, Error> {
     shared
         .store
         .get_schedule(id)
         .await?
+        .filter(|s| s.namespace == namespace)
         .ok_or_else(|| Error::NotFound(format!("schedule {id} not found")))
 }
 
@@ -181,6 +187,7 @@ pub(crate) fn to_pb(s: &ScheduleRecord) -> pb::Schedule {
     let t = &s.template;
     pb::Schedule {
         schedule_id: s.id.clone(),
+        namespace: s.namespace.clone(),
         name: s.name.clone(),
         kind: match s.kind {
             ScheduleKind::Cron => pb::ScheduleKind::Cron,
@@ -252,10 +259,15 @@ pub(crate) fn fire_to_pb(f: &FireRecord) -> pb::ScheduleFire {
 }
 
 /// Creates a schedule from a definition.
-pub(crate) async fn create(shared: &Shared, def: pb::Schedule) -> Result<ScheduleRecord, Error> {
+pub(crate) async fn create(
+    shared: &Shared,
+    namespace: String,
+    def: pb::Schedule,
+) -> Result<ScheduleRecord, Error> {
     let now = shared.clock.now_millis();
     let mut s = ScheduleRecord {
         id: id::new_task_id(),
+        namespace,
         name: String::new(),
         kind: ScheduleKind::Cron,
         cron_expression: String::new(),
@@ -303,11 +315,12 @@ pub(crate) async fn create(shared: &Shared, def: pb::Schedule) -> Result<Schedul
 /// lost race a few times.
 pub(crate) async fn modify(
     shared: &Shared,
+    namespace: &str,
     id: &str,
     mut change: impl FnMut(&mut ScheduleRecord, i64) -> Result<(), Error>,
 ) -> Result<ScheduleRecord, Error> {
     for _ in 0..CAS_TRIES {
-        let old = load(shared, id).await?;
+        let old = load(shared, namespace, id).await?;
         let now = shared.clock.now_millis();
         let mut new = old.clone();
         change(&mut new, now)?;
@@ -334,9 +347,13 @@ pub(crate) fn restart_timetable(s: &mut ScheduleRecord, now: i64) -> Result<(), 
 
 /// Creates a task from the schedule now (TriggerSchedule), recorded as a
 /// fire at this instant.
-pub(crate) async fn trigger(shared: &Shared, id: &str) -> Result<taskmesh_core::TaskRecord, Error> {
+pub(crate) async fn trigger(
+    shared: &Shared,
+    namespace: &str,
+    id: &str,
+) -> Result<taskmesh_core::TaskRecord, Error> {
     for _ in 0..CAS_TRIES {
-        let s = load(shared, id).await?;
+        let s = load(shared, namespace, id).await?;
         let now = shared.clock.now_millis();
         let task_id = id::new_task_id();
         let task = s.new_task(task_id.clone(), now, now);
@@ -370,15 +387,17 @@ pub(crate) async fn trigger(shared: &Shared, id: &str) -> Result<taskmesh_core::
     ))))
 }
 
-/// Every circuit breaker on the wire.
-pub(crate) fn breakers(shared: &Shared) -> Vec<pb::CircuitBreaker> {
+/// The circuit breakers of `namespace` on the wire.
+pub(crate) fn breakers(shared: &Shared, namespace: &str) -> Vec<pb::CircuitBreaker> {
     shared
         .breakers
         .snapshot()
         .into_iter()
-        .map(|(handler, b)| {
+        .filter(|((ns, _), _)| ns == namespace)
+        .map(|((namespace, handler), b)| {
             let (failures, total) = b.counts();
             pb::CircuitBreaker {
+                namespace,
                 handler,
                 state: match b.state() {
                     BreakerState::Closed => pb::BreakerState::Closed,

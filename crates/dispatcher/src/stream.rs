@@ -48,6 +48,7 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<Streaming<pb::ConnectRequest>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
+        let who = crate::auth::identity(&request);
         let mut inbound = request.into_inner();
         let first =
             tokio::time::timeout(self.shared.opts.heartbeat_interval * 3, inbound.message())
@@ -60,6 +61,8 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
             ));
         };
         validate_registration(&reg)?;
+        let namespace = who.namespace_for(&reg.namespace)?;
+        claim_worker_id(&self.shared, &who, &reg.worker_id).await?;
 
         let session_id = id::new_session_id();
         let capacity = reg.capacity;
@@ -71,6 +74,8 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         let entry = WorkerEntry {
             session_id: session_id.clone(),
             worker_id: reg.worker_id.clone(),
+            namespace: namespace.clone(),
+            owner: who.principal.clone(),
             name: reg.name.clone(),
             node_id: self.shared.coord.node_id().to_string(),
             handlers: reg.handlers.clone(),
@@ -91,6 +96,8 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         self.shared.registry.insert(Registration {
             session_id: session_id.clone(),
             worker_id: reg.worker_id.clone(),
+            namespace: namespace.clone(),
+            owner: who.principal.clone(),
             name: reg.name.clone(),
             handlers: reg.handlers.iter().cloned().collect::<HashSet<_>>(),
             capacity,
@@ -118,7 +125,10 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
             // back now rather than at their execution deadline.
             let shared = self.shared.clone();
             let worker_id = reg.worker_id.clone();
-            tokio::spawn(async move { lost::release_earlier_attempts(&shared, &worker_id).await });
+            let namespace = namespace.clone();
+            tokio::spawn(async move {
+                lost::release_earlier_attempts(&shared, &namespace, &worker_id).await
+            });
         }
         self.shared.wake.notify_one();
 
@@ -140,7 +150,8 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<pb::RegisterPushWorkerRequest>,
     ) -> Result<Response<pb::RegisterPushWorkerResponse>, Status> {
-        let registered = push::register(&self.shared, request.into_inner()).await?;
+        let who = crate::auth::identity(&request);
+        let registered = push::register(&self.shared, &who, request.into_inner()).await?;
         Ok(Response::new(pb::RegisterPushWorkerResponse {
             registered: Some(registered),
         }))
@@ -150,7 +161,8 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<pb::ReportResultRequest>,
     ) -> Result<Response<pb::ReportResultResponse>, Status> {
-        let recorded = push::report(&self.shared, request.into_inner()).await?;
+        let who = crate::auth::identity(&request);
+        let recorded = push::report(&self.shared, &who, request.into_inner()).await?;
         Ok(Response::new(pb::ReportResultResponse {
             recorded: Some(recorded),
         }))
@@ -160,9 +172,40 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<pb::DeregisterPushWorkerRequest>,
     ) -> Result<Response<pb::DeregisterPushWorkerResponse>, Status> {
-        push::deregister(&self.shared, request.into_inner()).await?;
+        let who = crate::auth::identity(&request);
+        push::deregister(&self.shared, &who, request.into_inner()).await?;
         Ok(Response::new(pb::DeregisterPushWorkerResponse {}))
     }
+}
+
+/// Refuses a registration under a worker id that another identity holds
+/// (here or on any replica): taking it over would take back that worker's
+/// running attempts, so they ran twice.
+pub(crate) async fn claim_worker_id(
+    shared: &Shared,
+    who: &crate::auth::Identity,
+    worker_id: &str,
+) -> Result<(), Status> {
+    let taken = |owner: &str| owner != who.principal;
+    let local = shared.registry.owner_of(worker_id);
+    let held = match local {
+        Some(owner) => taken(&owner),
+        None => shared
+            .coord
+            .list_workers()
+            .await
+            .map_err(|err| Status::unavailable(format!("cannot read the worker registry: {err}")))?
+            .iter()
+            .any(|e| e.worker_id == worker_id && taken(&e.owner)),
+    };
+    if held {
+        tracing::warn!(worker_id, principal = %who.principal, "refused: worker id held by another identity");
+        metrics::counter!(crate::auth::AUTH_REFUSED_TOTAL, "reason" => "worker_id").increment(1);
+        return Err(Status::permission_denied(format!(
+            "worker id {worker_id:?} is registered by another identity"
+        )));
+    }
+    Ok(())
 }
 
 pub(crate) fn validate_registration(reg: &pb::WorkerRegistration) -> Result<(), Status> {

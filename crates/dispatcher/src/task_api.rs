@@ -7,7 +7,7 @@ use std::pin::Pin;
 use futures::Stream;
 use taskmesh::v1 as pb;
 use taskmesh_core::{
-    Event, NewTask, RetryPolicy, Strategy, TaskState, UnixMillis, id, task, validate,
+    Event, NewTask, RetryPolicy, Strategy, TaskRecord, TaskState, UnixMillis, id, task, validate,
 };
 use taskmesh_scheduler::meters;
 use taskmesh_store::TaskFilter;
@@ -16,6 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{debug, info, warn};
 
+use crate::auth::{self, Identity};
 use crate::{
     Error,
     convert::{duration_millis, millis_of, state_from_pb, task_to_pb},
@@ -40,6 +41,38 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
 }
 
+/// The caller of `request` and the namespace it acts in (the one it names,
+/// else its own).
+pub(crate) fn scope<T>(request: &Request<T>, named: &str) -> Result<(Identity, String), Error> {
+    let who = auth::identity(request);
+    let namespace = who.namespace_for(named)?;
+    Ok((who, namespace))
+}
+
+/// Task `id` of `namespace`, or NOT_FOUND — also when it belongs to another
+/// namespace, so a caller learns nothing of tasks it may not see.
+async fn load_in(shared: &Shared, namespace: &str, id: &str) -> Result<TaskRecord, Error> {
+    shared
+        .store
+        .get_task(id)
+        .await?
+        .filter(|t| t.namespace == namespace)
+        .ok_or_else(|| Error::NotFound(format!("task {id} not found")))
+}
+
+/// The wire form of `t` for `who`: a reader sees no execution ids (with one
+/// and the assignment's secret a worker could report).
+fn shown(who: &Identity, t: &TaskRecord) -> pb::Task {
+    let mut task = task_to_pb(t);
+    if !who.sees_worker_details() {
+        task.execution_id.clear();
+        for a in &mut task.attempts {
+            a.execution_id.clear();
+        }
+    }
+    task
+}
+
 fn task_id_of(text: &str) -> Result<String, Error> {
     if text.is_empty() {
         return Err(invalid("task_id must not be empty"));
@@ -53,6 +86,7 @@ fn task_id_of(text: &str) -> Result<String, Error> {
 fn new_task(
     shared: &Shared,
     req: pb::SubmitTaskRequest,
+    namespace: String,
     traceparent: String,
     now: UnixMillis,
 ) -> Result<(NewTask, Option<UnixMillis>), Error> {
@@ -97,6 +131,7 @@ fn new_task(
     Ok((
         NewTask {
             id: id::new_task_id(),
+            namespace,
             handler: req.handler,
             payload: payload.data,
             content_type: payload.content_type,
@@ -184,8 +219,15 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         request: Request<pb::SubmitTaskRequest>,
     ) -> Result<Response<pb::SubmitTaskResponse>, Status> {
         let traceparent = traceparent_of(request.metadata());
+        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
         let now = self.shared.clock.now_millis();
-        let (task, fp_run_at) = new_task(&self.shared, request.into_inner(), traceparent, now)?;
+        let (task, fp_run_at) = new_task(
+            &self.shared,
+            request.into_inner(),
+            namespace,
+            traceparent,
+            now,
+        )?;
         let fingerprint = task.request_fingerprint(fp_run_at);
         let created = self
             .shared
@@ -196,7 +238,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         let t = &created.task;
         if !created.existing {
             debug!(task_id = %t.id, handler = %t.handler, state = %t.state, "task submitted");
-            meters::submitted(&t.handler, 1);
+            meters::submitted(&t.namespace, &t.handler, 1);
             match t.state {
                 TaskState::Ready => self.shared.wake.notify_one(),
                 _ => self.shared.scheduler.wake(),
@@ -204,7 +246,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         }
         Ok(Response::new(pb::SubmitTaskResponse {
             task_id: t.id.clone(),
-            task: Some(task_to_pb(t)),
+            task: Some(shown(&who, t)),
             existing: created.existing,
         }))
     }
@@ -213,16 +255,11 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::GetTaskResponse>, Status> {
+        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
         let id = task_id_of(&request.get_ref().task_id)?;
-        let task = self
-            .shared
-            .store
-            .get_task(&id)
-            .await
-            .map_err(Error::from)?
-            .ok_or_else(|| Error::NotFound(format!("task {id} not found")))?;
+        let task = load_in(&self.shared, &namespace, &id).await?;
         Ok(Response::new(pb::GetTaskResponse {
-            task: Some(task_to_pb(&task)),
+            task: Some(shown(&who, &task)),
         }))
     }
 
@@ -230,6 +267,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         let state = pb::TaskState::try_from(req.state)
             .map_err(|_| invalid(format!("state {} is not a known TaskState", req.state)))?;
@@ -251,6 +289,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             .shared
             .store
             .list_tasks(&TaskFilter {
+                namespace: Some(namespace),
                 state: state_from_pb(state),
                 handler: (!req.handler.is_empty()).then_some(req.handler),
                 limit: if req.page_size == 0 {
@@ -263,7 +302,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             .await
             .map_err(Error::from)?;
         Ok(Response::new(pb::ListTasksResponse {
-            tasks: page.tasks.iter().map(task_to_pb).collect(),
+            tasks: page.tasks.iter().map(|t| shown(&who, t)).collect(),
             next_page_token: page.next_before_id.unwrap_or_default(),
         }))
     }
@@ -272,18 +311,15 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         let id = task_id_of(&req.task_id)?;
         validate::short_text("reason", &req.reason).map_err(invalid)?;
         let store = &self.shared.store;
-        let before = store
-            .get_task(&id)
-            .await
-            .map_err(Error::from)?
-            .ok_or_else(|| Error::NotFound(format!("task {id} not found")))?;
+        let before = load_in(&self.shared, &namespace, &id).await?;
         if before.state.is_terminal() {
             return Ok(Response::new(pb::CancelTaskResponse {
-                task: Some(task_to_pb(&before)),
+                task: Some(shown(&who, &before)),
             }));
         }
         let reason = if req.reason.is_empty() {
@@ -320,7 +356,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             .map_err(Error::from)?
             .unwrap_or(task);
         Ok(Response::new(pb::CancelTaskResponse {
-            task: Some(task_to_pb(&task)),
+            task: Some(shown(&who, &task)),
         }))
     }
 
@@ -328,12 +364,25 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::AckTaskRequest>,
     ) -> Result<Response<pb::AckTaskResponse>, Status> {
+        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         let id = task_id_of(&req.task_id)?;
         if req.execution_id.is_empty() {
             return Err(invalid("execution_id must not be empty").into());
         }
         validate::short_text("execution_id", &req.execution_id).map_err(invalid)?;
+        // Only the worker that was given the assignment knows its secret:
+        // an execution id (which GetTask shows) alone acknowledges nothing.
+        if !self
+            .shared
+            .is_assignment_secret(&req.execution_id, &req.report_secret)
+        {
+            return Err(Error::PermissionDenied(
+                "report_secret is not the secret of this assignment".into(),
+            )
+            .into());
+        }
+        load_in(&self.shared, &namespace, &id).await?;
         let now = self.shared.clock.now_millis();
         let event = Event::Ack {
             execution_id: req.execution_id,
@@ -346,7 +395,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             .map_err(Error::from)?;
         self.shared.scheduler.wake();
         Ok(Response::new(pb::AckTaskResponse {
-            task: Some(task_to_pb(&task)),
+            task: Some(shown(&who, &task)),
         }))
     }
 
@@ -356,21 +405,18 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::WatchTaskRequest>,
     ) -> Result<Response<Self::WatchTaskStream>, Status> {
+        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
         let id = task_id_of(&request.get_ref().task_id)?;
         // Subscribe before the first read, so no change falls between them.
         let mut changes = self.shared.store.subscribe();
         let store = self.shared.store.clone();
-        let first = store
-            .get_task(&id)
-            .await
-            .map_err(Error::from)?
-            .ok_or_else(|| Error::NotFound(format!("task {id} not found")))?;
+        let first = load_in(&self.shared, &namespace, &id).await?;
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(async move {
             let mut version = first.version;
             let mut done = first.state.is_terminal();
             let send = |t| pb::WatchTaskResponse {
-                task: Some(task_to_pb(&t)),
+                task: Some(shown(&who, &t)),
             };
             if tx.send(Ok(send(first))).await.is_err() {
                 return;
@@ -412,6 +458,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         request: Request<pb::SubmitTasksRequest>,
     ) -> Result<Response<pb::SubmitTasksResponse>, Status> {
         let traceparent = traceparent_of(request.metadata());
+        let who = auth::identity(&request);
         let req = request.into_inner();
         if req.tasks.is_empty() || req.tasks.len() > 10_000 {
             return Err(invalid(format!(
@@ -427,7 +474,10 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         let mut valid = Vec::new();
         let mut slots = Vec::new();
         for (i, task) in req.tasks.into_iter().enumerate() {
-            match new_task(&self.shared, task, traceparent.clone(), now) {
+            let entry = who.namespace_for(&task.namespace).and_then(|namespace| {
+                new_task(&self.shared, task, namespace, traceparent.clone(), now)
+            });
+            match entry {
                 Ok((task, fp_run_at)) => {
                     let fingerprint = task.request_fingerprint(fp_run_at);
                     valid.push((task, fingerprint));
@@ -445,13 +495,14 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                 .await
                 .map_err(Error::from)?;
             let (mut ready, mut later) = (false, false);
-            let mut per_handler: HashMap<String, u64> = HashMap::new();
+            let mut per_handler: HashMap<(String, String), u64> = HashMap::new();
             for (i, outcome) in slots.into_iter().zip(created) {
                 results[i] = Some(match outcome {
                     Ok(c) => {
                         if !c.existing {
                             debug!(task_id = %c.task.id, handler = %c.task.handler, state = %c.task.state, "task submitted");
-                            *per_handler.entry(c.task.handler.clone()).or_default() += 1;
+                            let key = (c.task.namespace.clone(), c.task.handler.clone());
+                            *per_handler.entry(key).or_default() += 1;
                             match c.task.state {
                                 TaskState::Ready => ready = true,
                                 _ => later = true,
@@ -460,7 +511,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                         pb::SubmitTasksResult {
                             accepted: Some(pb::SubmitTaskResponse {
                                 task_id: c.task.id.clone(),
-                                task: Some(task_to_pb(&c.task)),
+                                task: Some(shown(&who, &c.task)),
                                 existing: c.existing,
                             }),
                             error_code: 0,
@@ -470,8 +521,8 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                     Err(err) => refused(Status::from(Error::from(err))),
                 });
             }
-            for (handler, n) in per_handler {
-                meters::submitted(&handler, n);
+            for ((namespace, handler), n) in per_handler {
+                meters::submitted(&namespace, &handler, n);
             }
             if ready {
                 self.shared.wake.notify_one();
@@ -492,11 +543,12 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::CreateScheduleRequest>,
     ) -> Result<Response<pb::CreateScheduleResponse>, Status> {
+        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
         let def = request
             .into_inner()
             .schedule
             .ok_or_else(|| invalid("schedule is required"))?;
-        let s = schedule_api::create(&self.shared, def).await?;
+        let s = schedule_api::create(&self.shared, namespace, def).await?;
         info!(schedule_id = %s.id, kind = s.kind.as_str(), next_fire_at = ?s.next_fire_at, "schedule created");
         Ok(Response::new(pb::CreateScheduleResponse {
             schedule: Some(schedule_api::to_pb(&s)),
@@ -507,8 +559,9 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::GetScheduleRequest>,
     ) -> Result<Response<pb::GetScheduleResponse>, Status> {
+        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
         let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
-        let s = schedule_api::load(&self.shared, &id).await?;
+        let s = schedule_api::load(&self.shared, &namespace, &id).await?;
         let fires = self
             .shared
             .store
@@ -525,6 +578,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::ListSchedulesRequest>,
     ) -> Result<Response<pb::ListSchedulesResponse>, Status> {
+        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         if req.page_size > 1_000 {
             return Err(invalid("page_size must be at most 1000").into());
@@ -545,7 +599,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         let (page, next) = self
             .shared
             .store
-            .list_schedules(after.as_deref(), limit)
+            .list_schedules(Some(&namespace), after.as_deref(), limit)
             .await
             .map_err(Error::from)?;
         Ok(Response::new(pb::ListSchedulesResponse {
@@ -558,13 +612,14 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::UpdateScheduleRequest>,
     ) -> Result<Response<pb::UpdateScheduleResponse>, Status> {
+        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         let id = schedule_api::schedule_id_of(&req.schedule_id)?;
         let def = req
             .schedule
             .ok_or_else(|| invalid("schedule is required"))?;
         let shared = &self.shared;
-        let s = schedule_api::modify(shared, &id, |s, now| {
+        let s = schedule_api::modify(shared, &namespace, &id, |s, now| {
             schedule_api::apply_definition(shared, s, def.clone())?;
             schedule_api::restart_timetable(s, now)
         })
@@ -579,7 +634,10 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::DeleteScheduleRequest>,
     ) -> Result<Response<pb::DeleteScheduleResponse>, Status> {
+        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
         let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
+        // Another namespace's schedule is NOT_FOUND, as if it did not exist.
+        schedule_api::load(&self.shared, &namespace, &id).await?;
         if !self
             .shared
             .store
@@ -597,8 +655,9 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::PauseScheduleRequest>,
     ) -> Result<Response<pb::PauseScheduleResponse>, Status> {
+        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
         let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
-        let s = schedule_api::modify(&self.shared, &id, |s, _| {
+        let s = schedule_api::modify(&self.shared, &namespace, &id, |s, _| {
             s.paused = true;
             s.next_fire_at = None;
             Ok(())
@@ -614,8 +673,9 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::ResumeScheduleRequest>,
     ) -> Result<Response<pb::ResumeScheduleResponse>, Status> {
+        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
         let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
-        let s = schedule_api::modify(&self.shared, &id, |s, now| {
+        let s = schedule_api::modify(&self.shared, &namespace, &id, |s, now| {
             if !s.paused {
                 return Ok(());
             }
@@ -633,20 +693,22 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::TriggerScheduleRequest>,
     ) -> Result<Response<pb::TriggerScheduleResponse>, Status> {
+        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
         let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
-        let task = schedule_api::trigger(&self.shared, &id).await?;
+        let task = schedule_api::trigger(&self.shared, &namespace, &id).await?;
         info!(schedule_id = %id, task_id = %task.id, "schedule triggered");
         Ok(Response::new(pb::TriggerScheduleResponse {
-            task: Some(task_to_pb(&task)),
+            task: Some(shown(&who, &task)),
         }))
     }
 
     async fn list_circuit_breakers(
         &self,
-        _request: Request<pb::ListCircuitBreakersRequest>,
+        request: Request<pb::ListCircuitBreakersRequest>,
     ) -> Result<Response<pb::ListCircuitBreakersResponse>, Status> {
+        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
         Ok(Response::new(pb::ListCircuitBreakersResponse {
-            breakers: schedule_api::breakers(&self.shared),
+            breakers: schedule_api::breakers(&self.shared, &namespace),
         }))
     }
 
@@ -654,13 +716,17 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::ListWorkersRequest>,
     ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
         let handler = request.into_inner().handler;
         if !handler.is_empty() {
             validate::handler_name(&handler).map_err(invalid)?;
         }
         // This replica's own streams, as it sees them now, plus every other
         // replica's from the cluster-wide registry.
-        let mut workers = self.shared.registry.snapshot(self.shared.coord.node_id());
+        let mut workers = self
+            .shared
+            .registry
+            .snapshot(self.shared.coord.node_id(), Some(&namespace));
         let local: std::collections::HashSet<String> =
             workers.iter().map(|w| w.session_id.clone()).collect();
         let cluster = self
@@ -671,9 +737,10 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             .map_err(Error::from)?;
         for e in cluster
             .into_iter()
-            .filter(|e| !local.contains(&e.session_id))
+            .filter(|e| !local.contains(&e.session_id) && e.namespace == namespace)
         {
             workers.push(pb::WorkerInfo {
+                namespace: e.namespace,
                 worker_id: e.worker_id,
                 name: e.name,
                 handlers: e.handlers,
@@ -691,6 +758,12 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         }
         if !handler.is_empty() {
             workers.retain(|w| w.handlers.contains(&handler));
+        }
+        if !who.sees_worker_details() {
+            // A session id is what a push worker's results are filed under.
+            for w in &mut workers {
+                w.session_id.clear();
+            }
         }
         Ok(Response::new(pb::ListWorkersResponse { workers }))
     }

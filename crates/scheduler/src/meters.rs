@@ -6,22 +6,22 @@
 
 use taskmesh_core::{TaskRecord, TaskState, UnixMillis};
 
-/// Counter: tasks accepted by `SubmitTask`/`SubmitTasks` (new ones only), per handler.
+/// Counter: tasks accepted by `SubmitTask`/`SubmitTasks` (new ones only), per namespace and handler.
 pub const SUBMITTED: &str = "taskmesh_tasks_submitted_total";
-/// Counter: tasks pushed to a worker (one per attempt), per handler.
+/// Counter: tasks pushed to a worker (one per attempt), per namespace and handler.
 pub const DISPATCHED: &str = "taskmesh_tasks_dispatched_total";
-/// Counter: tasks that ended SUCCEEDED, per handler.
+/// Counter: tasks that ended SUCCEEDED, per namespace and handler.
 pub const COMPLETED: &str = "taskmesh_tasks_completed_total";
-/// Counter: tasks that ended FAILED or TIMED_OUT, per handler.
+/// Counter: tasks that ended FAILED or TIMED_OUT, per namespace and handler.
 pub const FAILED: &str = "taskmesh_tasks_failed_total";
 /// Counter: attempts that failed or timed out with attempts left (the task
-/// went RETRYING), per handler.
+/// went RETRYING), per namespace and handler.
 pub const RETRIED: &str = "taskmesh_tasks_retried_total";
-/// Histogram: READY → pushed to a worker, per handler.
+/// Histogram: READY → pushed to a worker, per namespace and handler.
 pub const DISPATCH_LATENCY: &str = "taskmesh_dispatch_latency_seconds";
-/// Histogram: created → ended (SUCCEEDED, FAILED, TIMED_OUT), per handler.
+/// Histogram: created → ended (SUCCEEDED, FAILED, TIMED_OUT), per namespace and handler.
 pub const END_TO_END_LATENCY: &str = "taskmesh_task_end_to_end_latency_seconds";
-/// Gauge: READY tasks per handler (what an autoscaler scales workers on).
+/// Gauge: READY tasks per namespace and handler (what an autoscaler scales workers on).
 pub const QUEUE_DEPTH: &str = "taskmesh_queue_depth";
 /// Gauge: tasks in flight per worker on this node.
 pub const WORKER_ACTIVE: &str = "taskmesh_worker_active_tasks";
@@ -34,17 +34,20 @@ pub const LEADER: &str = "taskmesh_leader";
 /// was still writing), per write.
 pub const FENCED_WRITES: &str = "taskmesh_fenced_writes_total";
 
-/// Records `n` new tasks of `handler`.
-pub fn submitted(handler: &str, n: u64) {
-    metrics::counter!(SUBMITTED, "handler" => handler.to_string()).increment(n);
+/// Records `n` new tasks of `handler` in `namespace`.
+pub fn submitted(namespace: &str, handler: &str, n: u64) {
+    metrics::counter!(SUBMITTED, "namespace" => namespace.to_string(), "handler" => handler.to_string())
+        .increment(n);
 }
 
 /// Records the push of `task` at `now`.
 pub fn dispatched(task: &TaskRecord, now: UnixMillis) {
-    let handler = task.handler.clone();
-    metrics::counter!(DISPATCHED, "handler" => handler.clone()).increment(1);
+    let (namespace, handler) = (task.namespace.clone(), task.handler.clone());
+    metrics::counter!(DISPATCHED, "namespace" => namespace.clone(), "handler" => handler.clone())
+        .increment(1);
     if let Some(ready) = task.times.ready {
-        metrics::histogram!(DISPATCH_LATENCY, "handler" => handler).record(seconds(now - ready));
+        metrics::histogram!(DISPATCH_LATENCY, "namespace" => namespace, "handler" => handler)
+            .record(seconds(now - ready));
     }
 }
 
@@ -56,9 +59,11 @@ pub fn attempt_ended(task: &TaskRecord, now: UnixMillis) {
         TaskState::Retrying => RETRIED,
         _ => return,
     };
-    metrics::counter!(name, "handler" => task.handler.clone()).increment(1);
+    let (namespace, handler) = (task.namespace.clone(), task.handler.clone());
+    metrics::counter!(name, "namespace" => namespace.clone(), "handler" => handler.clone())
+        .increment(1);
     if task.state.is_terminal() {
-        metrics::histogram!(END_TO_END_LATENCY, "handler" => task.handler.clone())
+        metrics::histogram!(END_TO_END_LATENCY, "namespace" => namespace, "handler" => handler)
             .record(seconds(now - task.created_at));
     }
 }

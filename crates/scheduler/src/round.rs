@@ -21,13 +21,18 @@ impl Scheduler {
             let exec = task.execution_id.clone().unwrap_or_default();
             let event = match task.state {
                 TaskState::Pending => Event::Due,
-                TaskState::Retrying => match self.breakers.allow_retry(&task.handler, now) {
-                    Ok(()) => Event::Due,
-                    Err(until) => {
-                        debug!(task_id = %task.id, handler = %task.handler, until, "retry held by the circuit breaker");
-                        Event::Defer { until }
+                TaskState::Retrying => {
+                    match self
+                        .breakers
+                        .allow_retry(&task.namespace, &task.handler, now)
+                    {
+                        Ok(()) => Event::Due,
+                        Err(until) => {
+                            debug!(task_id = %task.id, handler = %task.handler, until, "retry held by the circuit breaker");
+                            Event::Defer { until }
+                        }
                     }
-                },
+                }
                 TaskState::Dispatching => Event::Release {
                     execution_id: exec,
                     reason: ReleaseReason::AckTimeout,
@@ -64,7 +69,8 @@ impl Scheduler {
                 (Ok(after), Event::TimeOut { execution_id, .. }) => {
                     info!(task_id = %task_id, attempt = task.attempt, execution_id = %execution_id, state = %after.state, "attempt timed out");
                     crate::meters::attempt_ended(&after, now);
-                    self.breakers.record(&task.handler, false, now);
+                    self.breakers
+                        .record(&task.namespace, &task.handler, false, now);
                     let _ = self
                         .reaped
                         .send(Reaped::TimedOut {

@@ -107,6 +107,7 @@ fn every_second(clock: &SystemClock) -> ScheduleRecord {
         created_at: now,
         updated_at: now,
         version: 1,
+        namespace: taskmesh_core::validate::DEFAULT_NAMESPACE.into(),
     };
     s.next_fire_at = s.first_fire_after(now).unwrap();
     s

@@ -27,6 +27,8 @@ fn worker_entry(worker_id: &str) -> WorkerEntry {
     WorkerEntry {
         session_id: format!("session-{worker_id}"),
         worker_id: worker_id.into(),
+        namespace: "default".into(),
+        owner: "open".into(),
         name: worker_id.into(),
         node_id: "n1".into(),
         handlers: vec!["echo".into(), "slow".into()],
@@ -99,6 +101,7 @@ impl Fixture {
     ) -> ScheduleRecord {
         let mut s = ScheduleRecord {
             id: id::new_task_id(),
+            namespace: taskmesh_core::validate::DEFAULT_NAMESPACE.into(),
             name: "test".into(),
             kind,
             cron_expression: cron.into(),
@@ -509,7 +512,7 @@ async fn timeout_cancels_then_retries_then_succeeds_and_stale_reports_are_refuse
 async fn an_open_breaker_holds_retries_and_a_trial_success_releases_them() {
     let f = fixture().await;
     for _ in 0..3 {
-        f.breakers.record("slow", false, T0);
+        f.breakers.record("default", "slow", false, T0);
     }
     // Two tasks failed once and wait to retry.
     let mut ids = Vec::new();
@@ -543,7 +546,7 @@ async fn an_open_breaker_holds_retries_and_a_trial_success_releases_them() {
         1,
         "{states:?}"
     );
-    f.breakers.record("slow", true, T0 + 31 * SEC);
+    f.breakers.record("default", "slow", true, T0 + 31 * SEC);
     f.round_at(T0 + 32 * SEC).await;
     for id in &ids {
         assert_eq!(f.task(id).await.state, TaskState::Ready);

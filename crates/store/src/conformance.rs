@@ -78,6 +78,10 @@ macro_rules! store_conformance_suite {
             callback_claims_lease_and_outcomes,
             callbacks_survive_reopen,
             store_clock_corrects_a_skewed_host,
+            namespaces_keep_tasks_apart,
+            schedules_list_by_namespace,
+            tokens_are_stored_listed_and_revoked,
+            cluster_key_is_made_once,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -220,6 +224,7 @@ pub mod cluster;
 mod create_list;
 mod fence;
 mod lifecycle;
+mod namespaces;
 mod schedules;
 mod scheduling;
 
@@ -244,6 +249,10 @@ pub use fence::fenced_writes_from_an_old_leader_are_refused;
 pub use lifecycle::{
     create_get_round_trip, full_life_records_attempts, missing_task_not_found,
     stale_execution_refused, terminal_stays_terminal,
+};
+pub use namespaces::{
+    cluster_key_is_made_once, namespaces_keep_tasks_apart, schedules_list_by_namespace,
+    tokens_are_stored_listed_and_revoked,
 };
 pub use schedules::{
     awaiting_run_end_lists_fixed_delay_waiters, due_schedules_and_next_due,

@@ -114,6 +114,7 @@ fn decode_task(row: &impl Columns, id: &str) -> Result<TaskRecord, String> {
         serde_json::from_str(&row.text("labels")?).map_err(|e| format!("bad labels JSON: {e}"))?;
     Ok(TaskRecord {
         id: id.to_string(),
+        namespace: row.text("namespace")?,
         handler: row.text("handler")?,
         payload: row.bytes("payload")?,
         content_type: row.text("content_type")?,
@@ -253,6 +254,7 @@ fn decode_schedule(row: &impl Columns, id: &str) -> Result<ScheduleRecord, Strin
     let max_catch_up = row.int("max_catch_up")?;
     Ok(ScheduleRecord {
         id: id.to_string(),
+        namespace: row.text("namespace")?,
         name: row.text("name")?,
         kind,
         cron_expression: row.text("cron_expression")?,
@@ -272,6 +274,25 @@ fn decode_schedule(row: &impl Columns, id: &str) -> Result<ScheduleRecord, Strin
         updated_at: row.int("updated_at")?,
         version: row.int("version")?,
     })
+}
+
+/// Reads a row of `tokens`.
+pub(crate) fn token(row: &impl Columns) -> Result<taskmesh_core::auth::TokenRecord> {
+    let decoded = (|| {
+        let role = row.text("role")?;
+        Ok::<_, String>(taskmesh_core::auth::TokenRecord {
+            id: row.text("id")?,
+            name: row.text("name")?,
+            namespace: row.text("namespace")?,
+            role: taskmesh_core::auth::Role::parse(&role)
+                .ok_or_else(|| format!("unknown role {role:?}"))?,
+            secret_hash: row.text("secret_hash")?,
+            created_at: row.int("created_at")?,
+            expires_at: row.opt_int("expires_at")?,
+            revoked_at: row.opt_int("revoked_at")?,
+        })
+    })();
+    decoded.map_err(|e| Error::Internal(format!("bad tokens row: {e}")))
 }
 
 /// Reads a row of `schedule_fires`.

@@ -134,7 +134,8 @@ pub trait Store: Send + Sync + 'static {
         fence: Option<u64>,
     ) -> Result<Vec<Result<TaskRecord>>>;
 
-    /// Moves up to `limit` READY tasks of `handler` to DISPATCHING, highest
+    /// Moves up to `limit` READY tasks of `handler` in `namespace` to
+    /// DISPATCHING, highest
     /// priority first and FIFO within a priority, in one transaction. For
     /// each candidate `chooser` names the worker or leaves it READY; up to
     /// [`claim_scan`]`(limit)` candidates are looked at, so a task no stream
@@ -142,6 +143,7 @@ pub trait Store: Send + Sync + 'static {
     /// Returns the claimed tasks as written.
     async fn claim_ready(
         &self,
+        namespace: &str,
         handler: &str,
         limit: usize,
         now: UnixMillis,
@@ -160,8 +162,8 @@ pub trait Store: Send + Sync + 'static {
     /// The earliest `next_at` of any task, if any.
     async fn next_due_at(&self) -> Result<Option<UnixMillis>>;
 
-    /// Handlers that have READY tasks, with how many.
-    async fn ready_counts(&self) -> Result<Vec<(String, u64)>>;
+    /// The namespaces and handlers that have READY tasks, with how many.
+    async fn ready_counts(&self) -> Result<Vec<(String, String, u64)>>;
 
     /// Committed changes, for watchers and the dispatcher's wake-ups,
     /// including those other processes sharing the database commit (where
@@ -218,10 +220,12 @@ pub trait Store: Send + Sync + 'static {
     /// One schedule.
     async fn get_schedule(&self, id: &str) -> Result<Option<ScheduleRecord>>;
 
-    /// Schedules in id order after `after_id`, at most `limit` (1..=1000),
-    /// and the id to continue from when more exist.
+    /// Schedules (of `namespace`, or every namespace) in id order after
+    /// `after_id`, at most `limit` (1..=1000), and the id to continue from
+    /// when more exist.
     async fn list_schedules(
         &self,
+        namespace: Option<&str>,
         after_id: Option<&str>,
         limit: u32,
     ) -> Result<(Vec<ScheduleRecord>, Option<String>)>;
@@ -280,6 +284,27 @@ pub trait Store: Send + Sync + 'static {
 
     /// The most recent fires of a schedule, newest first.
     async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>>;
+
+    /// Stores a new token ([`Error::AlreadyExists`] for a taken id).
+    async fn create_token(&self, token: &taskmesh_core::auth::TokenRecord) -> Result<()>;
+
+    /// One token by its public id.
+    async fn get_token(&self, id: &str) -> Result<Option<taskmesh_core::auth::TokenRecord>>;
+
+    /// The tokens of `namespace` (or of every namespace), by id.
+    async fn list_tokens(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<taskmesh_core::auth::TokenRecord>>;
+
+    /// Revokes a token at `now`; false when it was revoked already.
+    /// [`Error::NotFound`] when there is no such token.
+    async fn revoke_token(&self, id: &str, now: UnixMillis) -> Result<bool>;
+
+    /// The cluster's secret key (made by the first replica that asks, the
+    /// same for every replica afterwards), from which assignment secrets
+    /// are derived (`taskmesh_core::auth::assignment_secret`).
+    async fn cluster_key(&self) -> Result<Vec<u8>>;
 
     /// Committed schedule changes (for the timing-wheel trigger engine), as
     /// [`Store::subscribe`], [`ScheduleChange::resync`] included.

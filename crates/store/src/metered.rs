@@ -10,6 +10,7 @@
 use std::time::Instant;
 
 use async_trait::async_trait;
+use taskmesh_core::auth::TokenRecord;
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
 use taskmesh_core::{CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, UnixMillis};
 use tokio::sync::broadcast;
@@ -96,6 +97,7 @@ impl<S: Store> Store for Metered<S> {
 
     async fn claim_ready(
         &self,
+        namespace: &str,
         handler: &str,
         limit: usize,
         now: UnixMillis,
@@ -103,7 +105,8 @@ impl<S: Store> Store for Metered<S> {
     ) -> Result<Vec<TaskRecord>> {
         timed(
             "claim_ready",
-            self.inner.claim_ready(handler, limit, now, chooser),
+            self.inner
+                .claim_ready(namespace, handler, limit, now, chooser),
         )
         .await
     }
@@ -120,7 +123,7 @@ impl<S: Store> Store for Metered<S> {
         timed("next_due_at", self.inner.next_due_at()).await
     }
 
-    async fn ready_counts(&self) -> Result<Vec<(String, u64)>> {
+    async fn ready_counts(&self) -> Result<Vec<(String, String, u64)>> {
         timed("ready_counts", self.inner.ready_counts()).await
     }
 
@@ -176,10 +179,15 @@ impl<S: Store> Store for Metered<S> {
 
     async fn list_schedules(
         &self,
+        namespace: Option<&str>,
         after_id: Option<&str>,
         limit: u32,
     ) -> Result<(Vec<ScheduleRecord>, Option<String>)> {
-        timed("list_schedules", self.inner.list_schedules(after_id, limit)).await
+        timed(
+            "list_schedules",
+            self.inner.list_schedules(namespace, after_id, limit),
+        )
+        .await
     }
 
     async fn update_schedule(
@@ -244,6 +252,26 @@ impl<S: Store> Store for Metered<S> {
 
     async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>> {
         timed("recent_fires", self.inner.recent_fires(schedule_id, limit)).await
+    }
+
+    async fn create_token(&self, token: &TokenRecord) -> Result<()> {
+        timed("create_token", self.inner.create_token(token)).await
+    }
+
+    async fn get_token(&self, id: &str) -> Result<Option<TokenRecord>> {
+        timed("get_token", self.inner.get_token(id)).await
+    }
+
+    async fn list_tokens(&self, namespace: Option<&str>) -> Result<Vec<TokenRecord>> {
+        timed("list_tokens", self.inner.list_tokens(namespace)).await
+    }
+
+    async fn revoke_token(&self, id: &str, now: UnixMillis) -> Result<bool> {
+        timed("revoke_token", self.inner.revoke_token(id, now)).await
+    }
+
+    async fn cluster_key(&self) -> Result<Vec<u8>> {
+        timed("cluster_key", self.inner.cluster_key()).await
     }
 
     fn subscribe_schedules(&self) -> broadcast::Receiver<ScheduleChange> {

@@ -20,6 +20,8 @@ pub struct Created {
 /// Which tasks [`Store::list_tasks`] returns.
 #[derive(Debug, Clone, Default)]
 pub struct TaskFilter {
+    /// Only this namespace (`None`: every namespace, for operators' tools).
+    pub namespace: Option<String>,
     /// Only this state.
     pub state: Option<TaskState>,
     /// Only this handler.

@@ -78,12 +78,15 @@ pub async fn submit(api: &mut TaskApiClient<Channel>, handler: &str, payload: &[
 
 /// Reads a task.
 pub async fn get(api: &mut TaskApiClient<Channel>, id: &str) -> pb::Task {
-    api.get_task(pb::GetTaskRequest { task_id: id.into() })
-        .await
-        .expect("get")
-        .into_inner()
-        .task
-        .expect("task")
+    api.get_task(pb::GetTaskRequest {
+        task_id: id.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("get")
+    .into_inner()
+    .task
+    .expect("task")
 }
 
 /// The state of a task.

@@ -26,6 +26,7 @@ pub fn every_second(handler: &str) -> pb::Schedule {
 pub async fn create_schedule(api: &mut TaskApiClient<Channel>, schedule: pb::Schedule) -> String {
     api.create_schedule(pb::CreateScheduleRequest {
         schedule: Some(schedule),
+        ..Default::default()
     })
     .await
     .expect("create the schedule")
@@ -39,6 +40,7 @@ pub async fn create_schedule(api: &mut TaskApiClient<Channel>, schedule: pb::Sch
 pub async fn pause_schedule(api: &mut TaskApiClient<Channel>, schedule_id: &str) {
     api.pause_schedule(pb::PauseScheduleRequest {
         schedule_id: schedule_id.into(),
+        ..Default::default()
     })
     .await
     .expect("pause the schedule");

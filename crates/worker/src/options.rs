@@ -6,6 +6,29 @@ use std::time::Duration;
 
 use crate::Error;
 
+/// A secret (a token, a shared key): shown as `<redacted>` by `Debug`, so it
+/// never reaches a log line by accident.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `text`.
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+
+    /// The secret itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// How a worker connects and what it offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerOptions {
@@ -13,6 +36,12 @@ pub struct WorkerOptions {
     pub servers: Vec<String>,
     /// Stable id of this worker process (1-128 characters).
     pub worker_id: String,
+    /// The namespace whose tasks it runs; empty means its token's
+    /// (`default` without authentication).
+    pub namespace: String,
+    /// The API token it presents (`authorization: Bearer …`), a worker
+    /// token of its namespace; `None` for a server without authentication.
+    pub token: Option<Secret>,
     /// Human-readable name, by default the host name.
     pub name: String,
     /// Slots: the most handlers run at once (at least 1).
@@ -44,6 +73,8 @@ impl WorkerOptions {
         WorkerOptions {
             servers,
             worker_id: uuid::Uuid::new_v4().to_string(),
+            namespace: String::new(),
+            token: None,
             name: hostname(),
             concurrency: 4,
             labels: BTreeMap::new(),
@@ -82,6 +113,13 @@ impl WorkerOptions {
         if !(1..=128).contains(&id_len) {
             return Err(Error::InvalidOptions(
                 "worker_id must be 1-128 characters".into(),
+            ));
+        }
+        if let Some(token) = &self.token
+            && (token.expose().is_empty() || !token.expose().is_ascii())
+        {
+            return Err(Error::InvalidOptions(
+                "the token must be non-empty ASCII".into(),
             ));
         }
         if self.reconnect_initial > self.reconnect_max {

@@ -38,6 +38,7 @@ mod service;
 use crate::Error;
 use crate::backoff::Backoff;
 use crate::exec::Done;
+use crate::options::Secret;
 use crate::wire::{log_recorded, registration};
 use crate::worker::{Shared, lock};
 
@@ -64,6 +65,17 @@ struct Push {
     /// One lazily connected client per server.
     clients: Mutex<HashMap<String, DispatcherClient<Channel>>>,
     draining: AtomicBool,
+    /// Given to the servers at registration; they present it on every
+    /// `Worker` call, and the service refuses calls without it.
+    server_secret: Secret,
+}
+
+/// A fresh secret for the servers to present: 64 hex digits from two
+/// random UUIDs (244 random bits).
+fn new_server_secret() -> Secret {
+    let a = uuid::Uuid::new_v4().simple().to_string();
+    let b = uuid::Uuid::new_v4().simple().to_string();
+    Secret::new(format!("{a}{b}"))
 }
 
 impl Push {
@@ -104,11 +116,15 @@ impl Push {
         let mut client = self.client(server)?;
         // The session this server granted us last, if any: a refresh.
         let session_id = lock(&self.granted).get(server).cloned().unwrap_or_default();
-        let req = RegisterPushWorkerRequest {
-            registration: Some(registration(&self.shared)),
-            address: self.advertise.clone(),
-            session_id,
-        };
+        let req = crate::wire::request(
+            &self.shared,
+            RegisterPushWorkerRequest {
+                registration: Some(registration(&self.shared)),
+                address: self.advertise.clone(),
+                session_id,
+                server_secret: self.server_secret.expose().to_string(),
+            },
+        )?;
         let answer = tokio::time::timeout(CALL_TIMEOUT, client.register_push_worker(req))
             .await
             .map_err(|_| Error::Protocol("no answer to RegisterPushWorker in time".into()))??;
@@ -119,7 +135,7 @@ impl Push {
     }
 
     /// Reports one result to the server holding its session.
-    async fn report(&self, session_id: String, done: Done) {
+    async fn report(&self, session_id: String, report_secret: String, done: Done) {
         let worker_id = self.worker_id();
         let (task_id, execution_id) = (done.task_id.clone(), done.execution_id.clone());
         let Some(server) = self.server_of(&session_id).await else {
@@ -140,6 +156,7 @@ impl Push {
                 execution_id: execution_id.clone(),
                 result: Some(result),
             }),
+            report_secret,
         };
         let opts = &self.shared.opts;
         let mut backoff = Backoff::new(opts.reconnect_initial, opts.reconnect_max);
@@ -147,9 +164,10 @@ impl Push {
         loop {
             let answer = match self.client(&server) {
                 Ok(mut client) => {
-                    match tokio::time::timeout(CALL_TIMEOUT, client.report_result(req.clone()))
-                        .await
-                    {
+                    let call = crate::wire::request(&self.shared, req.clone())
+                        .map_err(|e| Status::invalid_argument(e.to_string()));
+                    let call = async move { client.report_result(call?).await };
+                    match tokio::time::timeout(CALL_TIMEOUT, call).await {
                         Ok(r) => r.map(Response::into_inner),
                         Err(_) => Err(Status::unavailable("no answer to ReportResult in time")),
                     }
@@ -246,6 +264,7 @@ pub(crate) async fn run(
         current: Mutex::new(None),
         clients: Mutex::new(HashMap::new()),
         draining: AtomicBool::new(false),
+        server_secret: new_server_secret(),
     });
     let worker_id = shared.opts.worker_id.as_str();
     info!(worker_id, listen = %bound, advertise = push.advertise, "push mode: serving taskmesh.v1.Worker");
@@ -288,11 +307,20 @@ pub(crate) async fn run(
         if let Some(server) = server
             && let Ok(mut client) = push.client(&server)
         {
-            let req = DeregisterPushWorkerRequest {
-                session_id: session_id.clone(),
-                reason: "shutdown".into(),
+            let req = crate::wire::request(
+                shared,
+                DeregisterPushWorkerRequest {
+                    session_id: session_id.clone(),
+                    reason: "shutdown".into(),
+                },
+            );
+            let call = async move {
+                match req {
+                    Ok(req) => client.deregister_push_worker(req).await,
+                    Err(err) => Err(Status::invalid_argument(err.to_string())),
+                }
             };
-            match tokio::time::timeout(CALL_TIMEOUT, client.deregister_push_worker(req)).await {
+            match tokio::time::timeout(CALL_TIMEOUT, call).await {
                 Ok(Ok(_)) => info!(worker_id, session_id, "deregistered"),
                 Ok(Err(status)) => {
                     warn!(

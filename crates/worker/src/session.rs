@@ -66,7 +66,8 @@ pub(crate) async fn run(
     .await?;
     let mut client = DispatcherClient::new(channel);
     let open = async {
-        let mut inbound = client.connect(ReceiverStream::new(rx)).await?.into_inner();
+        let request = crate::wire::request(shared, ReceiverStream::new(rx))?;
+        let mut inbound = client.connect(request).await?.into_inner();
         let first = inbound.message().await?;
         Ok::<_, Error>((inbound, first))
     };

@@ -54,7 +54,26 @@ pub(crate) fn registration(shared: &Shared) -> WorkerRegistration {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         weight: opts.weight,
+        namespace: opts.namespace.clone(),
     }
+}
+
+/// Puts the worker's token on a request (`authorization: Bearer …`).
+pub(crate) fn authorize<T>(shared: &Shared, request: &mut tonic::Request<T>) -> Result<(), Error> {
+    if let Some(token) = &shared.opts.token {
+        let value = format!("Bearer {}", token.expose())
+            .parse()
+            .map_err(|_| Error::InvalidOptions("the token is not a valid header value".into()))?;
+        request.metadata_mut().insert("authorization", value);
+    }
+    Ok(())
+}
+
+/// A request carrying the worker's token.
+pub(crate) fn request<T>(shared: &Shared, message: T) -> Result<tonic::Request<T>, Error> {
+    let mut request = tonic::Request::new(message);
+    authorize(shared, &mut request)?;
+    Ok(request)
 }
 
 pub(crate) fn context(a: TaskAssignment, cancel: CancellationToken) -> TaskContext {

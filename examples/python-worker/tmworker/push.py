@@ -12,11 +12,19 @@ SDK's push mode (crates/worker) is the reference.
   `recorded.accepted` says whether it was stored or refused as stale.
 - `Worker.Cancel` sets the handler's `task.cancelled`; `Worker.Probe`
   answers the server's liveness probe with our load.
+- Who may call us: at registration we give the server a random secret it
+  presents on every `Worker` call (`authorization: Bearer <secret>`); a call
+  without it is UNAUTHENTICATED, so whoever else reaches our port runs
+  nothing. Each result carries the assignment's `report_secret`, which only
+  the `Execute` call told us: a session id and an execution id alone (which
+  the public API shows) forge no result.
 - Stopping: `DeregisterPushWorker`, take nothing new, finish what runs.
 """
 
+import hmac
 import logging
 import random
+import secrets
 import threading
 import time
 from typing import Dict, Optional
@@ -51,10 +59,23 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         self.server_index = 0
         self.server: Optional[grpc.Server] = None
         self.idle = threading.Condition(self._lock)
+        self.server_secret = secrets.token_hex(32)
+        self.report_secrets: Dict[str, str] = {}  # by execution id
+
+    def _from_our_server(self, context) -> bool:
+        """Whether the call presents the secret we registered with."""
+        presented = dict(context.invocation_metadata()).get("authorization", "")
+        return hmac.compare_digest(presented.encode(), f"Bearer {self.server_secret}".encode())
+
+    def _refuse_stranger(self, context):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                      "this worker takes calls only from the servers it registered with")
 
     # The Worker service -------------------------------------------------
 
     def Execute(self, request, context):
+        if not self._from_our_server(context):
+            self._refuse_stranger(context)
         a = request.assignment
         fields = dict(worker_id=self.worker_id, task_id=a.task_id, attempt=a.attempt,
                       execution_id=a.execution_id)
@@ -74,6 +95,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
             task = Task(a.task_id, a.attempt, a.execution_id, a.handler, a.payload.data,
                         a.payload.content_type, dict(a.labels))
             self.inflight[a.execution_id] = task
+            self.report_secrets[a.execution_id] = a.report_secret
             session_id = request.session_id or self.session_id
         event(logging.DEBUG, "task accepted", handler=a.handler, **fields)
         self.pool.submit(self.run_task, handler, task, session_id)
@@ -84,6 +106,8 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         return worker_pb2.ExecuteResponse(accepted=False, reject_reason=reason, message=message)
 
     def Cancel(self, request, context):
+        if not self._from_our_server(context):
+            self._refuse_stranger(context)
         with self._lock:
             task = self.inflight.get(request.execution_id)
         if task is None:
@@ -94,6 +118,8 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         return worker_pb2.CancelResponse(found=True)
 
     def Probe(self, request, context):
+        if not self._from_our_server(context):
+            self._refuse_stranger(context)
         with self._lock:
             active, draining = len(self.inflight), self.draining
         return worker_pb2.ProbeResponse(
@@ -108,6 +134,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         accepted = self.report(complete, session_id)
         with self._lock:
             self.inflight.pop(task.execution_id, None)
+            self.report_secrets.pop(task.execution_id, None)
             self.idle.notify_all()
         if accepted is None:
             return
@@ -125,12 +152,15 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         with self._lock:
             server = self.granted_by.get(session_id or "",
                                          self.servers[self.server_index % len(self.servers)])
+            report_secret = self.report_secrets.get(complete.execution_id, "")
         for attempt in range(REPORT_ATTEMPTS):
             try:
                 with grpc.insecure_channel(server) as channel:
                     stub = dispatcher_pb2_grpc.DispatcherStub(channel)
                     reply = stub.ReportResult(pb.ReportResultRequest(
-                        session_id=session_id or "", complete=complete), timeout=CALL_TIMEOUT)
+                        session_id=session_id or "", complete=complete,
+                        report_secret=report_secret),
+                        metadata=self.metadata(), timeout=CALL_TIMEOUT)
                 return reply.recorded.accepted
             except grpc.RpcError as err:
                 code = err.code()
@@ -208,8 +238,9 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
                     registration=pb.WorkerRegistration(
                         worker_id=self.worker_id, name=self.name, handlers=sorted(self.handlers),
                         capacity=self.capacity, labels=self.labels, weight=1),
-                    address=self.advertise, session_id=current or ""),
-                timeout=CALL_TIMEOUT)
+                    address=self.advertise, session_id=current or "",
+                    server_secret=self.server_secret),
+                metadata=self.metadata(), timeout=CALL_TIMEOUT)
         registered = reply.registered
         with self._lock:
             fresh = registered.session_id != self.session_id
@@ -234,7 +265,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
                 with grpc.insecure_channel(server) as channel:
                     dispatcher_pb2_grpc.DispatcherStub(channel).DeregisterPushWorker(
                         pb.DeregisterPushWorkerRequest(session_id=session_id, reason="stopping"),
-                        timeout=CALL_TIMEOUT)
+                        metadata=self.metadata(), timeout=CALL_TIMEOUT)
             except grpc.RpcError as err:
                 event(logging.WARNING, "deregistration failed", worker_id=self.worker_id,
                       code=err.code())

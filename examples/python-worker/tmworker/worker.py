@@ -3,6 +3,7 @@ over across servers with jittered exponential backoff."""
 
 import collections
 import logging
+import os
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,13 @@ class Worker:
         self._lock = threading.Lock()
         self._session: Optional[Session] = None
         self._costs = collections.deque(maxlen=100)
+        # A worker token of the server (`taskmesh token create --role worker`),
+        # from the environment only: never a flag, which `ps` would show.
+        self.token = os.environ.get("TASKMESH_TOKEN", "")
+
+    def metadata(self):
+        """The call metadata presenting our token, if we have one."""
+        return [("authorization", f"Bearer {self.token}")] if self.token else []
 
     def record_cost(self, ms: float) -> None:
         with self._lock:
@@ -104,7 +112,8 @@ class Worker:
             session.send(register=pb.WorkerRegistration(
                 worker_id=self.worker_id, name=self.name, handlers=sorted(self.handlers),
                 capacity=self.capacity, labels=self.labels, weight=1))
-            call = dispatcher_pb2_grpc.DispatcherStub(channel).Connect(session.requests())
+            call = dispatcher_pb2_grpc.DispatcherStub(channel).Connect(
+                session.requests(), metadata=self.metadata())
             session.call = call
             try:
                 self._open(session, call, server)

@@ -111,6 +111,7 @@ async fn run_engine(args: &CronArgs, kind: EngineKind) -> anyhow::Result<EngineR
                     misfire_policy: pb::MisfirePolicy::Skip as i32,
                     ..Default::default()
                 }),
+                ..Default::default()
             })
             .await?
             .into_inner();
@@ -120,6 +121,7 @@ async fn run_engine(args: &CronArgs, kind: EngineKind) -> anyhow::Result<EngineR
     for id in &ids {
         api.pause_schedule(pb::PauseScheduleRequest {
             schedule_id: id.clone(),
+            ..Default::default()
         })
         .await?;
     }

@@ -696,7 +696,7 @@ pub async fn wait_drained(
 
 /// True when nothing is READY or in flight.
 async fn drained(store: &dyn Store) -> anyhow::Result<bool> {
-    let ready: u64 = store.ready_counts().await?.iter().map(|(_, n)| n).sum();
+    let ready: u64 = store.ready_counts().await?.iter().map(|(_, _, n)| n).sum();
     if ready > 0 {
         return Ok(false);
     }

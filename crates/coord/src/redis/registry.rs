@@ -37,6 +37,8 @@ return out
 struct Stored {
     session_id: String,
     worker_id: String,
+    namespace: String,
+    owner: String,
     name: String,
     node_id: String,
     handlers: Vec<String>,
@@ -55,6 +57,9 @@ impl Default for Stored {
         Self {
             session_id: String::new(),
             worker_id: String::new(),
+            // An entry written before namespaces: the one namespace there was.
+            namespace: "default".into(),
+            owner: String::new(),
             name: String::new(),
             node_id: String::new(),
             handlers: Vec::new(),
@@ -80,6 +85,8 @@ pub(super) fn encode(e: &WorkerEntry) -> Result<String> {
     let stored = Stored {
         session_id: e.session_id.clone(),
         worker_id: e.worker_id.clone(),
+        namespace: e.namespace.clone(),
+        owner: e.owner.clone(),
         name: e.name.clone(),
         node_id: e.node_id.clone(),
         handlers: e.handlers.clone(),
@@ -101,6 +108,8 @@ pub(super) fn decode(bytes: &[u8]) -> std::result::Result<WorkerEntry, serde_jso
     Ok(WorkerEntry {
         session_id: s.session_id,
         worker_id: s.worker_id,
+        namespace: s.namespace,
+        owner: s.owner,
         name: s.name,
         node_id: s.node_id,
         handlers: s.handlers,
@@ -200,6 +209,8 @@ mod tests {
         let entry = WorkerEntry {
             session_id: "s1".into(),
             worker_id: "w1".into(),
+            namespace: "default".into(),
+            owner: "open".into(),
             name: "box".into(),
             node_id: "n1".into(),
             handlers: vec!["echo".into()],

@@ -8,6 +8,7 @@ const T0: UnixMillis = 1_767_225_600_000;
 fn schedule(kind: ScheduleKind, misfire: MisfirePolicy) -> ScheduleRecord {
     ScheduleRecord {
         id: "s1".into(),
+        namespace: crate::validate::DEFAULT_NAMESPACE.into(),
         name: String::new(),
         kind,
         cron_expression: "*/5 * * * *".into(),

@@ -2,13 +2,12 @@
 //! queue and calls the worker (`Worker.Execute`, `Worker.Cancel`), probes
 //! it every heartbeat interval, and ends the session when it is lost.
 
-use taskmesh::v1::{self as pb, connect_response::Message as Out, worker_client::WorkerClient};
+use taskmesh::v1::{self as pb, connect_response::Message as Out};
 use taskmesh_coord::WorkerLoad;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
-use tonic::transport::Channel;
 use tracing::{Instrument, debug, info, warn};
 
 use super::{PROBE_FAILURES, end_session};
@@ -21,7 +20,7 @@ pub(super) struct Link {
     pub(super) shared: Shared,
     pub(super) session_id: String,
     pub(super) worker_id: String,
-    pub(super) client: WorkerClient<Channel>,
+    pub(super) client: super::PushClient,
     pub(super) tx: StreamTx,
     pub(super) ended: CancellationToken,
 }
@@ -194,7 +193,7 @@ enum Standing {
 struct Execute {
     shared: Shared,
     session_id: String,
-    client: WorkerClient<Channel>,
+    client: super::PushClient,
     tx: StreamTx,
 }
 

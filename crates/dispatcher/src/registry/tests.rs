@@ -19,6 +19,8 @@ fn stream(
     let (tx, rx) = mpsc::channel(8);
     reg.insert(Registration {
         session_id: id.into(),
+        namespace: taskmesh_core::validate::DEFAULT_NAMESPACE.into(),
+        owner: String::new(),
         worker_id: format!("worker-{id}"),
         name: id.into(),
         handlers: handlers
@@ -100,7 +102,7 @@ fn busy_stays_busy_until_a_slot_frees_or_a_heartbeat_shows_room() {
     // A finished task frees it too.
     reg.finish("e1");
     assert_eq!(pick(&reg, &t, "e4").as_deref(), Some("a"));
-    let info = &reg.snapshot("n")[0];
+    let info = &reg.snapshot("n", None)[0];
     assert_eq!(info.cpu_idle_percent, 100.0, "NaN ignored");
     assert_eq!(info.avg_cost_ms, 0.0, "negative clamped");
 }
@@ -123,6 +125,8 @@ fn a_closed_or_full_stream_is_passed_over_for_the_next_candidate() {
     let (tx, mut rx) = mpsc::channel(1);
     reg.insert(Registration {
         session_id: "x".into(),
+        namespace: taskmesh_core::validate::DEFAULT_NAMESPACE.into(),
+        owner: String::new(),
         worker_id: "x".into(),
         name: "x".into(),
         handlers: ["echo".to_string()].into(),
@@ -241,7 +245,7 @@ fn equal_cost_counts_our_pushes_plus_only_what_the_worker_reports_beyond_them() 
         assert_eq!(pick(&reg, &t, &format!("e{i}")).as_deref(), Some("a"));
     }
     let b = reg
-        .snapshot("n")
+        .snapshot("n", None)
         .into_iter()
         .find(|w| w.session_id == "b")
         .unwrap();

@@ -81,7 +81,7 @@ fn path_query_and_body_fields_are_split_as_the_rules_say() {
     let list = op(&doc, "/api/tasks", "get");
     assert_eq!(
         param_names(list),
-        ["state", "handler", "pageSize", "pageToken"]
+        ["state", "handler", "pageSize", "pageToken", "namespace"]
     );
     assert_eq!(
         list["parameters"][0]["schema"]["$ref"],
@@ -93,17 +93,21 @@ fn path_query_and_body_fields_are_split_as_the_rules_say() {
     let props: Vec<&String> = body["properties"].as_object().unwrap().keys().collect();
     assert_eq!(
         props,
-        ["reason"],
+        ["namespace", "reason"],
         "the path-bound task_id is not in the body"
     );
     let create = op(&doc, "/api/schedules", "post");
-    assert!(create.get("parameters").is_none());
+    assert_eq!(
+        param_names(create),
+        ["namespace"],
+        "what the body (the schedule) does not hold comes from the query"
+    );
     assert_eq!(
         create["requestBody"]["content"]["application/json"]["schema"]["allOf"][0]["$ref"],
         "#/components/schemas/taskmesh.v1.Schedule"
     );
     let update = op(&doc, "/api/schedules/{schedule_id}", "put");
-    assert_eq!(param_names(update), ["schedule_id"]);
+    assert_eq!(param_names(update), ["schedule_id", "namespace"]);
     assert!(doc["paths"]["/api/tasks:batch"]["post"].is_object());
     assert!(doc["paths"]["/api/breakers"]["get"].is_object());
 }

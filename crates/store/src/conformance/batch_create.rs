@@ -123,5 +123,8 @@ pub async fn create_tasks_many(fixture: &dyn StoreFixture) {
         .collect();
     assert_eq!(got, ids, "answers in input order");
     let counts = store.ready_counts().await.expect("ready_counts");
-    assert_eq!(counts, vec![("many".to_string(), 700)]);
+    assert_eq!(
+        counts,
+        vec![("default".to_string(), "many".to_string(), 700)]
+    );
 }

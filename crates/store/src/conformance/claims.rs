@@ -58,7 +58,7 @@ pub async fn claim_order_limit_and_chooser(fixture: &dyn StoreFixture) {
     };
     let mut calls = 0;
     let none = store
-        .claim_ready("claim", 0, T0 + 1, &mut |_| {
+        .claim_ready("default", "claim", 0, T0 + 1, &mut |_| {
             calls += 1;
             None
         })
@@ -68,7 +68,7 @@ pub async fn claim_order_limit_and_chooser(fixture: &dyn StoreFixture) {
     assert_eq!(calls, 0, "limit 0 asks the chooser nothing");
 
     let got = store
-        .claim_ready("claim", 2, T0 + 1, &mut claim_all.clone())
+        .claim_ready("default", "claim", 2, T0 + 1, &mut claim_all.clone())
         .await
         .expect("claim");
     let ids: Vec<&str> = got.iter().map(|t| t.id.as_str()).collect();
@@ -88,7 +88,7 @@ pub async fn claim_order_limit_and_chooser(fixture: &dyn StoreFixture) {
     // are still claimed (a task no stream can take blocks nothing).
     let mut seen = Vec::new();
     let got = store
-        .claim_ready("claim", 2, T0 + 2, &mut |t: &TaskRecord| {
+        .claim_ready("default", "claim", 2, T0 + 2, &mut |t: &TaskRecord| {
             seen.push(t.id.clone());
             if t.id == p1 { None } else { claim_all(t) }
         })
@@ -105,13 +105,13 @@ pub async fn claim_order_limit_and_chooser(fixture: &dyn StoreFixture) {
     assert_eq!((left.state, left.version), (TaskState::Ready, 1));
 
     let got = store
-        .claim_ready("claim", 10, T0 + 3, &mut claim_all.clone())
+        .claim_ready("default", "claim", 10, T0 + 3, &mut claim_all.clone())
         .await
         .expect("claim");
     let ids: Vec<&str> = got.iter().map(|t| t.id.as_str()).collect();
     assert_eq!(ids, [p1.as_str()]);
     let again = store
-        .claim_ready("claim", 10, T0 + 4, &mut claim_all.clone())
+        .claim_ready("default", "claim", 10, T0 + 4, &mut claim_all.clone())
         .await
         .expect("claim");
     assert!(again.is_empty(), "nothing READY is left for the handler");
@@ -138,7 +138,7 @@ pub async fn concurrent_claimers_never_double_claim(fixture: &dyn StoreFixture) 
             let mut claimed = Vec::new();
             for round in 0..2_000 {
                 let got = store
-                    .claim_ready("race", 2, T0 + 1 + round, &mut |_| {
+                    .claim_ready("default", "race", 2, T0 + 1 + round, &mut |_| {
                         Some(Claim {
                             execution_id: new_execution_id(),
                             worker_id: worker.into(),

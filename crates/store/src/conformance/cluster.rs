@@ -58,7 +58,9 @@ pub async fn two_replicas_claiming_at_once_never_double_claim(fixture: &dyn Stor
             let mut ids = Vec::new();
             for round in 0..10_000 {
                 let got = store
-                    .claim_ready("race", 16, T0 + round, &mut |_| Some(claim_for(worker)))
+                    .claim_ready("default", "race", 16, T0 + round, &mut |_| {
+                        Some(claim_for(worker))
+                    })
                     .await
                     .expect("claim");
                 if got.is_empty() && store.ready_counts().await.expect("counts").is_empty() {

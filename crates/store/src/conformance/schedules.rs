@@ -13,6 +13,7 @@ use crate::{FireCommit, Store};
 pub(super) fn schedule(id: &str, next: Option<i64>) -> ScheduleRecord {
     ScheduleRecord {
         id: id.into(),
+        namespace: "default".into(),
         name: format!("name-{id}"),
         kind: ScheduleKind::Cron,
         cron_expression: "* * * * * *".into(),
@@ -87,12 +88,15 @@ pub async fn schedule_crud_with_cas(fixture: &dyn StoreFixture) {
     for id in ["sched-b", "sched-c"] {
         store.create_schedule(&schedule(id, None)).await.unwrap();
     }
-    let (page, next) = store.list_schedules(None, 2).await.unwrap();
+    let (page, next) = store.list_schedules(None, None, 2).await.unwrap();
     assert_eq!(
         page.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
         ["sched-a", "sched-b"]
     );
-    let (rest, none) = store.list_schedules(next.as_deref(), 2).await.unwrap();
+    let (rest, none) = store
+        .list_schedules(None, next.as_deref(), 2)
+        .await
+        .unwrap();
     assert_eq!(
         rest.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
         ["sched-c"]

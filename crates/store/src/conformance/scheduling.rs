@@ -80,7 +80,7 @@ pub async fn in_flight_by_worker(fixture: &dyn StoreFixture) {
     create(store, new_task("flight"), T0).await; // stays READY
     let mut workers = ["w-1", "w-2", "w-1"].into_iter();
     let claimed = store
-        .claim_ready("flight", 3, T0 + 1, &mut |_| {
+        .claim_ready("default", "flight", 3, T0 + 1, &mut |_| {
             workers.next().map(|w| Claim {
                 execution_id: new_execution_id(),
                 worker_id: w.into(),
@@ -148,5 +148,11 @@ pub async fn ready_counts_by_handler(fixture: &dyn StoreFixture) {
 
     let mut counts = store.ready_counts().await.expect("counts");
     counts.sort();
-    assert_eq!(counts, [("h-a".to_string(), 3), ("h-b".to_string(), 1)]);
+    assert_eq!(
+        counts,
+        [
+            ("default".to_string(), "h-a".to_string(), 3),
+            ("default".to_string(), "h-b".to_string(), 1)
+        ]
+    );
 }

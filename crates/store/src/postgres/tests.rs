@@ -47,10 +47,10 @@ async fn queries_can_use_their_indexes() {
     for (index, query, params) in cases {
         // Untyped literals: Postgres infers each parameter's type from the
         // statement, as it does for the driver's prepared statements.
-        let args = if params == 0 {
+        let args = if params.is_empty() {
             String::new()
         } else {
-            format!("({})", vec!["'1'"; params].join(", "))
+            format!("({})", vec!["'1'"; params.len()].join(", "))
         };
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE q AS {query}")))
             .execute(&mut *conn)
@@ -65,7 +65,10 @@ async fn queries_can_use_their_indexes() {
                 .map(|row| row.get::<String, _>(0))
                 .collect();
         let plan = plan.join("\n");
-        assert!(plan.contains(index), "{query}\nuses\n{plan}\nnot {index}");
+        assert!(
+            index.split('|').any(|i| plan.contains(i)),
+            "{query}\nuses\n{plan}\nnot {index}"
+        );
         assert!(!plan.contains("Sort"), "{query}\nsorts:\n{plan}");
         sqlx::raw_sql("DEALLOCATE q")
             .execute(&mut *conn)

@@ -29,6 +29,7 @@ impl<B: Backend> SqlStore<B> {
     /// `Store::claim_ready`; see the module comment.
     pub(super) async fn claim(
         &self,
+        namespace: &str,
         handler: &str,
         limit: usize,
         now: UnixMillis,
@@ -50,11 +51,22 @@ impl<B: Backend> SqlStore<B> {
             let take = want.min(scan - seen);
             let rows = match &cursor {
                 None => {
-                    b.fetch(&mut tx, &sql.claim_first, args![handler, sql_limit(take)])
-                        .await?
+                    b.fetch(
+                        &mut tx,
+                        &sql.claim_first,
+                        args![namespace, handler, sql_limit(take)],
+                    )
+                    .await?
                 }
                 Some((priority, id)) => {
-                    let values = args![handler, *priority, *priority, id, sql_limit(take)];
+                    let values = args![
+                        namespace,
+                        handler,
+                        *priority,
+                        *priority,
+                        id,
+                        sql_limit(take)
+                    ];
                     b.fetch(&mut tx, &sql.claim_after, values).await?
                 }
             };

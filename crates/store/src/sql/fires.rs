@@ -15,9 +15,19 @@ use super::{SqlStore, args};
 use crate::error::is_unique_violation;
 use crate::{Error, FireCommit, FireCommitted, Result, ScheduleChange, TaskChange};
 
-/// The task of a fire whose key `key` is already taken: the one holding it.
-async fn held_by<B: Backend>(b: &B, tx: &mut B::Tx, key: &str) -> Result<Option<TaskRecord>> {
-    Ok(holders(b, tx, &[key]).await?.remove(key).map(|(t, _)| t))
+/// The task of a fire whose key `key` (in `namespace`) is already taken:
+/// the one holding it.
+async fn held_by<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    namespace: &str,
+    key: &str,
+) -> Result<Option<TaskRecord>> {
+    let key = (namespace.to_string(), key.to_string());
+    Ok(holders(b, tx, std::slice::from_ref(&key))
+        .await?
+        .remove(&key)
+        .map(|(t, _)| t))
 }
 
 /// One schedule's commit inside `tx`; `None` when the schedule's version
@@ -47,7 +57,7 @@ async fn commit_one<B: Backend>(
     }
     for (task, fingerprint) in commit.tasks {
         if let Some(key) = &task.client_request_id
-            && let Some(stored) = held_by(b, tx, key).await?
+            && let Some(stored) = held_by(b, tx, &task.namespace, key).await?
         {
             committed.tasks.push(stored);
             continue;
@@ -66,7 +76,7 @@ async fn commit_one<B: Backend>(
             // is theirs.
             Err(err) if is_unique_violation(&err) => {
                 let key = record.client_request_id.as_deref().unwrap_or_default();
-                match held_by(b, tx, key).await? {
+                match held_by(b, tx, &record.namespace, key).await? {
                     Some(stored) => committed.tasks.push(stored),
                     None => return Err(Error::Conflict(format!("client_request_id {key}"))),
                 }

@@ -10,7 +10,7 @@ use crate::{Result, decode};
 
 /// Every `tasks` column as `decode::task` reads them (`{labels}` is the
 /// dialect's JSON-as-text).
-pub const TASK_READ: &str = "id, handler, payload, content_type, state, priority, {labels}, \
+pub const TASK_READ: &str = "id, namespace, handler, payload, content_type, state, priority, {labels}, \
     routing_key, client_request_id, request_fingerprint, callback_url, max_attempts, \
     initial_backoff_ms, backoff_multiplier, max_backoff_ms, timeout_ms, run_at, created_at, \
     updated_at, pending_at, ready_at, dispatching_at, running_at, retrying_at, ended_at, \
@@ -19,7 +19,12 @@ pub const TASK_READ: &str = "id, handler, payload, content_type, state, priority
 
 /// The `tasks` columns an insert writes before [`TASK_BODY`]; they never
 /// change afterwards.
-pub const TASK_KEYS: [&str; 3] = ["id", "client_request_id", "request_fingerprint"];
+pub const TASK_KEYS: [&str; 4] = [
+    "id",
+    "namespace",
+    "client_request_id",
+    "request_fingerprint",
+];
 
 /// Every other `tasks` column, in [`body_args`] order; `true` for JSON.
 pub const TASK_BODY: [(&str, bool); 34] = [
@@ -85,12 +90,31 @@ pub const TASK_MUTABLE: [&str; 17] = [
 pub const ATTEMPT_COLUMNS: &str =
     "task_id, number, execution_id, worker_id, started_at, ended_at, outcome, message";
 
+/// `tokens` columns, as `decode::token` reads them and an insert writes
+/// them.
+pub const TOKEN_COLUMNS: &str =
+    "id, name, namespace, role, secret_hash, created_at, expires_at, revoked_at";
+
+/// A `tokens` row: [`TOKEN_COLUMNS`] order.
+pub fn token_args(t: &taskmesh_core::auth::TokenRecord) -> Args {
+    args![
+        &t.id,
+        &t.name,
+        &t.namespace,
+        t.role.as_str(),
+        &t.secret_hash,
+        t.created_at,
+        t.expires_at,
+        t.revoked_at,
+    ]
+}
+
 /// `callbacks` columns, as `decode::callback` reads them.
 pub const CALLBACK_COLUMNS: &str = "delivery_id, task_id, url, state, attempts, last_error, \
     next_attempt_at, delivered_at, created_at";
 
-/// `schedules` columns after `id`, in [`schedule_args`] order; `true` for
-/// JSON.
+/// `schedules` columns after `id` and `namespace` (which never change), in
+/// [`schedule_args`] order; `true` for JSON.
 pub const SCHEDULE_BODY: [(&str, bool); 18] = [
     ("name", false),
     ("kind", false),
@@ -113,13 +137,18 @@ pub const SCHEDULE_BODY: [(&str, bool); 18] = [
 ];
 
 /// Every `schedules` column as `decode::schedule` reads them.
-pub const SCHEDULE_READ: &str = "id, name, kind, cron_expression, interval_ms, time_zone, \
+pub const SCHEDULE_READ: &str = "id, namespace, name, kind, cron_expression, interval_ms, time_zone, \
     {template}, misfire_policy, max_catch_up, overlap_policy, paused, next_fire_at, \
     last_fire_at, last_task_id, fire_count, skipped_count, created_at, updated_at, version";
 
 /// The arguments of an insert: [`TASK_KEYS`] then [`TASK_BODY`].
 pub fn insert_args(task: &TaskRecord, fingerprint: &str, out: &mut Args) -> Result<()> {
-    out.extend(args![&task.id, task.client_request_id.clone(), fingerprint]);
+    out.extend(args![
+        &task.id,
+        &task.namespace,
+        task.client_request_id.clone(),
+        fingerprint
+    ]);
     body_args(task, out)
 }
 

@@ -39,7 +39,7 @@ impl<B: Backend> SqlStore<B> {
 
     pub(super) async fn sched_create(&self, s: &ScheduleRecord) -> Result<()> {
         let b = self.backend();
-        let mut values = args![&s.id];
+        let mut values = args![&s.id, &s.namespace];
         schedule_args(s, &mut values)?;
         let mut tx = b.begin_write().await?;
         match b.exec(&mut tx, &b.sql().insert_schedule, values).await {
@@ -66,14 +66,24 @@ impl<B: Backend> SqlStore<B> {
 
     pub(super) async fn sched_list(
         &self,
+        namespace: Option<&str>,
         after_id: Option<&str>,
         limit: u32,
     ) -> Result<(Vec<ScheduleRecord>, Option<String>)> {
         let limit = limit.clamp(1, MAX_PAGE);
-        let values = args![after_id.unwrap_or(""), i64::from(limit) + 1];
-        let mut out = self
-            .read_schedules(&self.sql().list_schedules, values)
-            .await?;
+        let page = args![after_id.unwrap_or(""), i64::from(limit) + 1];
+        let mut out = match namespace {
+            None => {
+                self.read_schedules(&self.sql().list_schedules, page)
+                    .await?
+            }
+            Some(ns) => {
+                let mut values = args![ns];
+                values.extend(page);
+                self.read_schedules(&self.sql().list_schedules_in, values)
+                    .await?
+            }
+        };
         let more = out.len() > limit as usize;
         out.truncate(limit as usize);
         let next = more.then(|| out.last().map(|s| s.id.clone())).flatten();

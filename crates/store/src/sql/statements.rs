@@ -6,7 +6,7 @@
 use super::dialect::{BulkForm, Dialect, Ladder, marks, value_rows};
 use super::rows::{
     ATTEMPT_COLUMNS, CALLBACK_COLUMNS, SCHEDULE_BODY, SCHEDULE_READ, TASK_BODY, TASK_KEYS,
-    TASK_MUTABLE, TASK_READ, assignments, names, row_marks,
+    TASK_MUTABLE, TASK_READ, TOKEN_COLUMNS, assignments, names, row_marks,
 };
 
 /// The rendered statements of one dialect. Field names say what each does;
@@ -21,7 +21,7 @@ pub struct Statements {
     pub attempts_of: String,
     pub callback_of: String,
     /// Listings, indexed by [`list_index`].
-    pub list: [String; 8],
+    pub list: [String; 16],
     pub due: String,
     pub in_flight: String,
     pub in_flight_of: String,
@@ -41,6 +41,15 @@ pub struct Statements {
     pub update_schedule: String,
     pub get_schedule: String,
     pub list_schedules: String,
+    pub list_schedules_in: String,
+    pub insert_token: String,
+    pub get_token: String,
+    pub list_tokens: String,
+    pub list_tokens_in: String,
+    pub revoke_token: String,
+    pub token_exists: String,
+    pub get_cluster_key: String,
+    pub insert_cluster_key: String,
     pub schedule_exists: String,
     pub delete_fires: String,
     pub delete_schedule: String,
@@ -65,14 +74,20 @@ pub struct Statements {
     pub close_attempts: Ladder,
 }
 
-/// The index into [`Statements::list`] for a filter on state, handler and
-/// a `before_id` cursor.
-pub fn list_index(state: bool, handler: bool, before: bool) -> usize {
-    usize::from(state) | usize::from(handler) << 1 | usize::from(before) << 2
+/// The index into [`Statements::list`] for a filter on namespace, state,
+/// handler and a `before_id` cursor.
+pub fn list_index(namespace: bool, state: bool, handler: bool, before: bool) -> usize {
+    usize::from(state)
+        | usize::from(handler) << 1
+        | usize::from(before) << 2
+        | usize::from(namespace) << 3
 }
 
 fn list_template(i: usize) -> String {
     let mut conditions = Vec::new();
+    if i & 8 != 0 {
+        conditions.push("namespace = ?");
+    }
     if i & 1 != 0 {
         conditions.push("state = ?");
     }
@@ -94,7 +109,7 @@ impl Statements {
     /// Renders every statement for `d`.
     pub fn render(d: &'static Dialect) -> Self {
         let r = |t: &str| d.render(t);
-        let schedule_cols = format!("id, {}", names(&SCHEDULE_BODY));
+        let schedule_cols = format!("id, namespace, {}", names(&SCHEDULE_BODY));
         Self {
             bulk: d.bulk,
             ping: r("SELECT 1 AS one"),
@@ -123,8 +138,10 @@ impl Statements {
                  AND worker_id = ? ORDER BY id"
             )),
             next_due: r("SELECT MIN(next_at) AS v FROM tasks WHERE next_at IS NOT NULL"),
-            ready_counts: r("SELECT handler, COUNT(*) AS n FROM {ready_from} \
-                 WHERE state = 'READY' GROUP BY handler ORDER BY handler"),
+            ready_counts: r(
+                "SELECT namespace, handler, COUNT(*) AS n FROM {ready_from} \
+                 WHERE state = 'READY' GROUP BY namespace, handler ORDER BY namespace, handler",
+            ),
             update_task: r(&format!(
                 "UPDATE tasks SET {} WHERE id = ? AND version = ?",
                 assignments(&TASK_BODY)
@@ -136,12 +153,12 @@ impl Statements {
             raise_fence: r("UPDATE fences SET token = ? WHERE name = 'leader' AND token <= ?"),
             fence_token: r("SELECT token FROM fences WHERE name = 'leader'"),
             claim_first: r(&format!(
-                "SELECT {TASK_READ} FROM tasks WHERE state = 'READY' AND handler = ? \
-                 ORDER BY priority DESC, id LIMIT ?{{skip_locked}}"
+                "SELECT {TASK_READ} FROM tasks WHERE state = 'READY' AND namespace = ? \
+                 AND handler = ? ORDER BY priority DESC, id LIMIT ?{{skip_locked}}"
             )),
             claim_after: r(&format!(
-                "SELECT {TASK_READ} FROM tasks WHERE state = 'READY' AND handler = ? \
-                 AND priority <= ? AND (priority < ? OR id > ?) \
+                "SELECT {TASK_READ} FROM tasks WHERE state = 'READY' AND namespace = ? \
+                 AND handler = ? AND priority <= ? AND (priority < ? OR id > ?) \
                  ORDER BY priority DESC, id LIMIT ?{{skip_locked}}"
             )),
             claim_callbacks: r(&format!(
@@ -156,7 +173,7 @@ impl Statements {
             next_callback: r("SELECT MIN(next_attempt_at) AS v FROM callbacks \
                  WHERE state = 'PENDING'"),
             insert_schedule: r(&format!(
-                "INSERT INTO schedules ({schedule_cols}) VALUES (?, {})",
+                "INSERT INTO schedules ({schedule_cols}) VALUES (?, ?, {})",
                 row_marks(&SCHEDULE_BODY)
             )),
             update_schedule: r(&format!(
@@ -168,6 +185,27 @@ impl Statements {
             )),
             list_schedules: r(&format!(
                 "SELECT {SCHEDULE_READ} FROM schedules WHERE id > ? ORDER BY id LIMIT ?"
+            )),
+            list_schedules_in: r(&format!(
+                "SELECT {SCHEDULE_READ} FROM schedules WHERE namespace = ? AND id > ? \
+                 ORDER BY id LIMIT ?"
+            )),
+            insert_token: r(&format!(
+                "INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            )),
+            get_token: r(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?")),
+            list_tokens: r(&format!(
+                "SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY namespace, id"
+            )),
+            list_tokens_in: r(&format!(
+                "SELECT {TOKEN_COLUMNS} FROM tokens WHERE namespace = ? ORDER BY id"
+            )),
+            revoke_token: r("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL"),
+            token_exists: r("SELECT 1 AS one FROM tokens WHERE id = ?"),
+            get_cluster_key: r("SELECT value FROM cluster_keys WHERE name = 'assignments'"),
+            insert_cluster_key: r(&format!(
+                "INSERT INTO cluster_keys (name, value) VALUES ('assignments', ?){}",
+                d.ignoring_duplicates(&["name"])
             )),
             schedule_exists: r("SELECT 1 AS one FROM schedules WHERE id = ?"),
             delete_fires: r("DELETE FROM schedule_fires WHERE schedule_id = ?"),
@@ -206,7 +244,8 @@ impl Statements {
             }),
             tasks_by_request_id: Ladder::new(d, |d, n| {
                 d.render(&format!(
-                    "SELECT {TASK_READ} FROM tasks WHERE client_request_id IN ({})",
+                    "SELECT {TASK_READ} FROM tasks WHERE namespace = ? \
+                     AND client_request_id IN ({})",
                     marks(n)
                 ))
             }),

@@ -2,6 +2,7 @@
 //! the sibling modules, so every backend behaves the same by construction.
 
 use async_trait::async_trait;
+use taskmesh_core::auth::TokenRecord;
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
 use taskmesh_core::{CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, UnixMillis};
 use tokio::sync::broadcast;
@@ -63,12 +64,13 @@ impl<B: Backend> Store for SqlStore<B> {
 
     async fn claim_ready(
         &self,
+        namespace: &str,
         handler: &str,
         limit: usize,
         now: UnixMillis,
         chooser: &mut Chooser<'_>,
     ) -> Result<Vec<TaskRecord>> {
-        self.claim(handler, limit, now, chooser).await
+        self.claim(namespace, handler, limit, now, chooser).await
     }
 
     async fn due_tasks(&self, now: UnixMillis, limit: usize) -> Result<Vec<TaskRecord>> {
@@ -87,21 +89,22 @@ impl<B: Backend> Store for SqlStore<B> {
         self.read_instant(&self.sql().next_due).await
     }
 
-    async fn ready_counts(&self) -> Result<Vec<(String, u64)>> {
+    async fn ready_counts(&self) -> Result<Vec<(String, String, u64)>> {
         let rows = self
             .backend()
             .read(&self.sql().ready_counts, Vec::new())
             .await?;
         rows.iter()
             .map(|row| {
-                let handler = decode::Columns::text(row, "handler");
-                let n = decode::Columns::int(row, "n");
-                match (handler, n) {
-                    (Ok(h), Ok(n)) => Ok((h, u64::try_from(n).unwrap_or(0))),
-                    (Err(e), _) | (_, Err(e)) => {
-                        Err(Error::Internal(format!("bad READY count row: {e}")))
-                    }
-                }
+                let read = || -> Result<(String, String, u64), String> {
+                    let n = decode::Columns::int(row, "n")?;
+                    Ok((
+                        decode::Columns::text(row, "namespace")?,
+                        decode::Columns::text(row, "handler")?,
+                        u64::try_from(n).unwrap_or(0),
+                    ))
+                };
+                read().map_err(|e| Error::Internal(format!("bad READY count row: {e}")))
             })
             .collect()
     }
@@ -151,10 +154,11 @@ impl<B: Backend> Store for SqlStore<B> {
 
     async fn list_schedules(
         &self,
+        namespace: Option<&str>,
         after_id: Option<&str>,
         limit: u32,
     ) -> Result<(Vec<ScheduleRecord>, Option<String>)> {
-        self.sched_list(after_id, limit).await
+        self.sched_list(namespace, after_id, limit).await
     }
 
     async fn update_schedule(
@@ -199,6 +203,26 @@ impl<B: Backend> Store for SqlStore<B> {
 
     async fn recent_fires(&self, schedule_id: &str, limit: u32) -> Result<Vec<FireRecord>> {
         self.sched_recent_fires(schedule_id, limit).await
+    }
+
+    async fn create_token(&self, token: &TokenRecord) -> Result<()> {
+        self.token_create(token).await
+    }
+
+    async fn get_token(&self, id: &str) -> Result<Option<TokenRecord>> {
+        self.token_get(id).await
+    }
+
+    async fn list_tokens(&self, namespace: Option<&str>) -> Result<Vec<TokenRecord>> {
+        self.token_list(namespace).await
+    }
+
+    async fn revoke_token(&self, id: &str, now: UnixMillis) -> Result<bool> {
+        self.token_revoke(id, now).await
+    }
+
+    async fn cluster_key(&self) -> Result<Vec<u8>> {
+        self.key().await
     }
 
     fn subscribe_schedules(&self) -> broadcast::Receiver<ScheduleChange> {

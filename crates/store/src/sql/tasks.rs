@@ -3,7 +3,7 @@
 //! create would be), reads of one snapshot, lists and the scheduler's
 //! queries.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use taskmesh_core::{AttemptRecord, CallbackDelivery, NewTask, TaskRecord, UnixMillis};
 
@@ -60,27 +60,43 @@ pub(super) async fn complete<B: Backend>(
     Ok(task)
 }
 
+/// An idempotency key: unique within its namespace.
+pub(super) type Key = (String, String);
+
+/// The key of `task`, if it has one.
+fn key_of(task: &TaskRecord) -> Option<Key> {
+    let crid = task.client_request_id.clone()?;
+    Some((task.namespace.clone(), crid))
+}
+
 /// The tasks holding these idempotency keys (attempts and callback
 /// included), each with the fingerprint of the request that created it.
 pub(super) async fn holders<B: Backend>(
     b: &B,
     tx: &mut B::Tx,
-    keys: &[&str],
-) -> Result<HashMap<String, (TaskRecord, String)>> {
+    keys: &[Key],
+) -> Result<HashMap<Key, (TaskRecord, String)>> {
+    let mut by_namespace: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (namespace, crid) in keys {
+        by_namespace.entry(namespace).or_default().push(crid);
+    }
     let mut found = Vec::new();
-    for list in in_lists(keys) {
-        let n = list.len();
-        let values = list.into_iter().map(Into::into).collect();
-        for row in &b
-            .fetch(tx, b.sql().tasks_by_request_id.get(n), values)
-            .await?
-        {
-            found.push((decode::task(row)?, decode::fingerprint(row)?));
+    for (namespace, crids) in by_namespace {
+        for list in in_lists(&crids) {
+            let n = list.len();
+            let mut values = args![namespace];
+            values.extend(list.into_iter().map(Into::into));
+            for row in &b
+                .fetch(tx, b.sql().tasks_by_request_id.get(n), values)
+                .await?
+            {
+                found.push((decode::task(row)?, decode::fingerprint(row)?));
+            }
         }
     }
     let mut out = HashMap::with_capacity(found.len());
     for (task, fingerprint) in found {
-        let Some(key) = task.client_request_id.clone() else {
+        let Some(key) = key_of(&task) else {
             continue;
         };
         out.insert(key, (complete(b, tx, task).await?, fingerprint));
@@ -121,22 +137,22 @@ enum Plan {
 /// against its first use; the rest are inserted.
 fn plan(
     entries: &[(TaskRecord, String)],
-    mut holders: HashMap<String, (TaskRecord, String)>,
+    mut holders: HashMap<Key, (TaskRecord, String)>,
 ) -> Vec<Plan> {
     entries
         .iter()
         .map(|(task, fingerprint)| {
-            let Some(key) = &task.client_request_id else {
+            let Some(key) = key_of(task) else {
                 return Plan::Insert;
             };
-            match holders.get(key) {
+            match holders.get(&key) {
                 Some((stored, stored_fp)) => Plan::Answered(Box::new(existing_or_taken(
                     stored.clone(),
                     stored_fp,
                     fingerprint,
                 ))),
                 None => {
-                    holders.insert(key.clone(), (task.clone(), fingerprint.clone()));
+                    holders.insert(key, (task.clone(), fingerprint.clone()));
                     Plan::Insert
                 }
             }
@@ -144,11 +160,8 @@ fn plan(
         .collect()
 }
 
-fn keys(entries: &[(TaskRecord, String)]) -> Vec<&str> {
-    let mut keys: Vec<&str> = entries
-        .iter()
-        .filter_map(|(t, _)| t.client_request_id.as_deref())
-        .collect();
+fn keys(entries: &[(TaskRecord, String)]) -> Vec<Key> {
+    let mut keys: Vec<Key> = entries.iter().filter_map(|(t, _)| key_of(t)).collect();
     keys.sort_unstable();
     keys.dedup();
     keys
@@ -250,9 +263,10 @@ impl<B: Backend> SqlStore<B> {
                     existing: false,
                 }),
                 Err(err) if is_unique_violation(&err) => {
-                    let key = task.client_request_id.as_deref();
-                    let found = match key {
-                        Some(key) => holders(b, &mut tx, &[key]).await?.remove(key),
+                    let found = match key_of(task) {
+                        Some(key) => holders(b, &mut tx, std::slice::from_ref(&key))
+                            .await?
+                            .remove(&key),
                         None => None,
                     };
                     match found {
@@ -292,11 +306,15 @@ impl<B: Backend> SqlStore<B> {
         let b = self.backend();
         let limit = filter.limit.clamp(1, MAX_PAGE);
         let i = list_index(
+            filter.namespace.is_some(),
             filter.state.is_some(),
             filter.handler.is_some(),
             filter.before_id.is_some(),
         );
         let mut values = Vec::new();
+        if let Some(namespace) = &filter.namespace {
+            values.push(namespace.into());
+        }
         if let Some(state) = filter.state {
             values.push(state.as_str().into());
         }

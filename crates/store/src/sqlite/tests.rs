@@ -62,7 +62,7 @@ async fn queries_use_their_indexes() {
     let cases = crate::sql::testing::indexed_queries(store.sql());
     for (index, sql, params) in cases {
         let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
-        for _ in 0..params {
+        for _ in params.chars() {
             q = q.bind(1_i64);
         }
         let plan: Vec<String> = q
@@ -73,7 +73,10 @@ async fn queries_use_their_indexes() {
             .map(|row| row.get::<String, _>("detail"))
             .collect();
         let plan = plan.join(" | ");
-        assert!(plan.contains(index), "{sql}\nuses {plan}, not {index}");
+        assert!(
+            index.split('|').any(|i| plan.contains(i)),
+            "{sql}\nuses {plan}, not {index}"
+        );
         assert!(!plan.contains("TEMP B-TREE"), "{sql}\nsorts: {plan}");
     }
 }
@@ -132,7 +135,7 @@ async fn two_stores_on_one_file_never_double_claim() {
             let mut ids = Vec::new();
             for _ in 0..20 {
                 let got = store
-                    .claim_ready("h", 2, T0 + 1, &mut |_| {
+                    .claim_ready("default", "h", 2, T0 + 1, &mut |_| {
                         Some(Claim {
                             execution_id: taskmesh_core::id::new_execution_id(),
                             worker_id: worker.into(),

@@ -38,7 +38,7 @@ pub async fn publishes_locally(store: &dyn Store) {
         .task;
     assert_eq!(change_of(&mut rx, &t.id).await.version, 1);
     let claimed = store
-        .claim_ready("quiet", 1, T0, &mut |_| {
+        .claim_ready("default", "quiet", 1, T0, &mut |_| {
             Some(Claim {
                 execution_id: new_execution_id(),
                 worker_id: "w".into(),

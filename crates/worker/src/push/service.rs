@@ -31,12 +31,38 @@ fn refuse(reason: RejectReason, message: String) -> Response<ExecuteResponse> {
     })
 }
 
+/// Refuses a call that does not present the secret this worker registered
+/// with (the servers present it; anybody else who reaches the port does
+/// not), in time that does not depend on how much of it matched.
+fn check_caller<T>(push: &Push, request: &Request<T>) -> Result<(), Status> {
+    let presented = request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if same_secret(presented, push.server_secret.expose()) {
+        Ok(())
+    } else {
+        Err(Status::unauthenticated(
+            "this worker takes calls only from the servers it registered with",
+        ))
+    }
+}
+
+/// Compares two secrets in time that depends only on their lengths.
+fn same_secret(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 #[tonic::async_trait]
 impl WorkerService for PushService {
     async fn execute(
         &self,
         request: Request<ExecuteRequest>,
     ) -> Result<Response<ExecuteResponse>, Status> {
+        check_caller(&self.0, &request)?;
         let push = &self.0;
         let shared = &push.shared;
         let worker_id = push.worker_id();
@@ -97,12 +123,13 @@ impl WorkerService for PushService {
         let cancel = CancellationToken::new();
         lock(&shared.running).insert(a.execution_id.clone(), cancel.clone());
         let reporter = push.clone();
+        let secret = a.report_secret.clone();
         exec::spawn(
             shared,
             handler,
             context(a, cancel),
             permit,
-            move |done| async move { reporter.report(session_id, done).await },
+            move |done| async move { reporter.report(session_id, secret, done).await },
         );
         Ok(Response::new(ExecuteResponse {
             accepted: true,
@@ -114,6 +141,7 @@ impl WorkerService for PushService {
         &self,
         request: Request<CancelRequest>,
     ) -> Result<Response<CancelResponse>, Status> {
+        check_caller(&self.0, &request)?;
         let c = request.into_inner();
         let push = &self.0;
         let found = match lock(&push.shared.running).get(&c.execution_id) {
@@ -144,7 +172,11 @@ impl WorkerService for PushService {
         Ok(Response::new(CancelResponse { found }))
     }
 
-    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+    async fn probe(
+        &self,
+        request: Request<ProbeRequest>,
+    ) -> Result<Response<ProbeResponse>, Status> {
+        check_caller(&self.0, &request)?;
         let shared = &self.0.shared;
         Ok(Response::new(ProbeResponse {
             worker_id: shared.opts.worker_id.clone(),
