@@ -47,38 +47,52 @@ impl RawWorker {
         labels: &[(&str, &str)],
         weight: u32,
     ) -> Self {
+        let reg = pb::WorkerRegistration {
+            worker_id: worker_id.into(),
+            name: worker_id.into(),
+            handlers: handlers.iter().map(|h| h.to_string()).collect(),
+            capacity,
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            weight,
+            ..Default::default()
+        };
+        Self::open(addr, None, reg).await.expect("register")
+    }
+
+    /// Connects presenting `token` (`authorization: Bearer …`) and
+    /// registers `reg`; the server's refusal if it refuses.
+    pub async fn open(
+        addr: SocketAddr,
+        token: Option<&str>,
+        reg: pb::WorkerRegistration,
+    ) -> Result<Self, tonic::Status> {
+        let worker_id = reg.worker_id.clone();
         let (tx, rx) = mpsc::channel(64);
         tx.send(pb::ConnectRequest {
-            message: Some(In::Register(pb::WorkerRegistration {
-                worker_id: worker_id.into(),
-                name: worker_id.into(),
-                handlers: handlers.iter().map(|h| h.to_string()).collect(),
-                capacity,
-                labels: labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                weight,
-            })),
+            message: Some(In::Register(reg)),
         })
         .await
         .unwrap();
         let mut client = DispatcherClient::new(channel(addr).await);
-        let mut rx = client
-            .connect(ReceiverStream::new(rx))
-            .await
-            .expect("connect stream")
-            .into_inner();
-        let first = rx.message().await.expect("registered").expect("a message");
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        if let Some(token) = token {
+            let value = format!("Bearer {token}").parse().expect("a header value");
+            request.metadata_mut().insert("authorization", value);
+        }
+        let mut rx = client.connect(request).await?.into_inner();
+        let first = rx.message().await?.expect("a message");
         let Some(Out::Registered(reg)) = first.message else {
             panic!("expected registered, got {first:?}");
         };
-        Self {
+        Ok(Self {
             tx,
             rx,
             session_id: reg.session_id,
-            worker_id: worker_id.to_string(),
-        }
+            worker_id,
+        })
     }
 
     /// The next server message, within `limit`.
