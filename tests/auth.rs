@@ -699,6 +699,28 @@ fn refused_credentials(f: &Fixture) -> Vec<(&'static str, Option<String>)> {
     ]
 }
 
+/// `taskmesh_auth_refused_total` by reason, from the node's `/metrics`.
+async fn refusals(f: &Fixture) -> std::collections::HashMap<&'static str, f64> {
+    let text = metrics::scrape(f.node.http_addr.port())
+        .await
+        .expect("/metrics answers on loopback");
+    [
+        "missing",
+        "malformed",
+        "unknown",
+        "expired",
+        "revoked",
+        "role",
+        "namespace",
+    ]
+    .into_iter()
+    .map(|r| {
+        let v = metrics::sum(&text, "taskmesh_auth_refused_total", &[("reason", r)]);
+        (r, v)
+    })
+    .collect()
+}
+
 fn flip_last(token: &str) -> String {
     let mut t = token.to_string();
     let last = if t.ends_with('0') { "1" } else { "0" };
@@ -710,6 +732,7 @@ fn flip_last(token: &str) -> String {
 async fn every_rpc_refuses_what_may_not_call_it_and_writes_nothing() {
     let f = Fixture::start().await;
     let before = f.snapshot().await;
+    let refused_before = refusals(&f).await;
     let rpcs = rpcs(&f);
     assert_eq!(
         rpcs.len(),
@@ -804,6 +827,25 @@ async fn every_rpc_refuses_what_may_not_call_it_and_writes_nothing() {
         before,
         "a refused call changed the store"
     );
+    // Every refusal is counted by its reason (the counters are the
+    // process's: other tests only add to them).
+    let refused = refusals(&f).await;
+    let n = rpcs.len() as f64;
+    for (reason, at_least) in [
+        ("missing", n),
+        ("malformed", 2.0 * n),
+        ("unknown", 2.0 * n),
+        ("expired", n),
+        ("revoked", n),
+        ("role", n),
+        ("namespace", 1.0),
+    ] {
+        let counted = refused[reason] - refused_before[reason];
+        assert!(
+            counted >= at_least,
+            "taskmesh_auth_refused_total{{reason={reason:?}}} rose by {counted}, want >= {at_least}"
+        );
+    }
     // The health service stays open.
     let mut health = tonic_health::pb::health_client::HealthClient::new(f.channel.clone());
     health

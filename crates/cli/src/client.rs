@@ -179,6 +179,17 @@ pub fn status_error(status: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", status.code(), status.message())
 }
 
+/// A timestamp as RFC 3339 in UTC with milliseconds; `-` when unset.
+pub fn ts(t: &Option<prost_types::Timestamp>) -> String {
+    t.as_ref()
+        .map(|t| {
+            chrono::DateTime::from_timestamp(t.seconds, t.nanos as u32)
+                .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                .unwrap_or_default()
+        })
+        .unwrap_or_else(|| "-".into())
+}
+
 pub fn to_duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration {
         seconds: d.as_secs() as i64,

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use taskmesh::v1 as pb;
 
-use crate::client::{Common, Output, connect, print_json, status_error, to_duration};
+use crate::client::{Common, Output, connect, print_json, status_error, to_duration, ts};
 
 /// `taskmesh schedule …`.
 #[derive(Debug, Args)]
@@ -155,16 +155,6 @@ impl Definition {
             ..Default::default()
         })
     }
-}
-
-fn ts(t: &Option<prost_types::Timestamp>) -> String {
-    t.as_ref()
-        .map(|t| {
-            chrono::DateTime::from_timestamp(t.seconds, t.nanos as u32)
-                .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-                .unwrap_or_default()
-        })
-        .unwrap_or_else(|| "-".into())
 }
 
 fn print_schedule(s: &pb::Schedule) {

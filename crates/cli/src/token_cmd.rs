@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use taskmesh::v1::{self as pb, admin_client::AdminClient};
 
-use crate::client::{Common, Output, print_json, status_error, to_duration};
+use crate::client::{Common, Output, print_json, status_error, to_duration, ts};
 
 /// `taskmesh token`.
 #[derive(Debug, Args)]
@@ -74,16 +74,28 @@ fn role_name(role: i32) -> &'static str {
 }
 
 fn print_info(t: &pb::TokenInfo) {
-    let revoked = if t.revoke_time.is_some() {
-        "  revoked"
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let status = if t.revoke_time.is_some() {
+        "revoked"
+    } else if t.expire_time.as_ref().is_some_and(|e| e.seconds <= now) {
+        "expired"
     } else {
-        ""
+        "live"
+    };
+    let expires = if t.expire_time.is_some() {
+        ts(&t.expire_time)
+    } else {
+        "never".into()
     };
     println!(
-        "{:<14}  {:<12}  {:<10}  {}{revoked}",
+        "{:<14}  {:<12}  {:<10}  {:<8}  {:<24}  {}",
         t.token_id,
         t.namespace,
         role_name(t.role),
+        status,
+        expires,
         t.name
     );
 }
@@ -152,8 +164,8 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
                 Output::Json => print_json(&r, "taskmesh.v1.ListTokensResponse"),
                 Output::Text => {
                     println!(
-                        "{:<14}  {:<12}  {:<10}  NAME",
-                        "TOKEN_ID", "NAMESPACE", "ROLE"
+                        "{:<14}  {:<12}  {:<10}  {:<8}  {:<24}  NAME",
+                        "TOKEN_ID", "NAMESPACE", "ROLE", "STATUS", "EXPIRES"
                     );
                     for t in &r.tokens {
                         print_info(t);

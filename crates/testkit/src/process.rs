@@ -200,10 +200,14 @@ async fn answers(addr: SocketAddr) -> bool {
     let Ok(ch) = ep.connect().await else {
         return false;
     };
-    TaskApiClient::new(ch)
+    // A server with --auth answers too: it refuses the tokenless call.
+    match TaskApiClient::new(ch)
         .list_tasks(pb::ListTasksRequest::default())
         .await
-        .is_ok()
+    {
+        Ok(_) => true,
+        Err(status) => status.code() == tonic::Code::Unauthenticated,
+    }
 }
 
 /// `taskmesh worker` as a process: a stream worker by default, push mode
