@@ -12,9 +12,11 @@
 # count agrees with the Node client's task ids exactly. Then the same in push
 # mode: the worker serves the Worker service, registers its address, runs 100
 # tasks pushed by Worker.Execute, deregisters on SIGTERM and exits 0.
-# The server runs with --auth: the worker presents a worker token and the
-# client a submitter token, both made with `taskmesh token create` from the
-# bootstrap token; a call without a token is refused.
+# The server runs with --auth over TLS (a CA and a server certificate made
+# here with openssl): the worker presents a worker token and the client a
+# submitter token, both made with `taskmesh token create` from the bootstrap
+# token; a call without a token is refused; every client (Python, Node, the
+# taskmesh CLI) trusts the CA through $TASKMESH_TLS_CA.
 #
 # Every wait has a deadline; every process started here is stopped on exit,
 # failure or interrupt (trap); the last line is "N passed, M failed".
@@ -93,21 +95,45 @@ free_port() {
 grpc_port="$(free_port)"
 http_port="$(free_port)"
 server="127.0.0.1:$grpc_port"
+# Node names the server by host name: TLS forbids an IP address as the
+# server name (RFC 6066), and the certificate holds both.
+node_server="localhost:$grpc_port"
+# A CA and a certificate for 127.0.0.1 (and localhost), valid one day.
+make_certs() {
+  local d="$tmp/pki"
+  mkdir -p "$d" &&
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
+      -subj "/CN=taskmesh polyglot CA" -keyout "$d/ca.key" -out "$d/ca.crt" \
+      -addext "basicConstraints=critical,CA:TRUE" \
+      -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null &&
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -subj "/CN=localhost" -keyout "$d/server.key" -out "$d/server.csr" 2>/dev/null &&
+    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$d/ext" &&
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" \
+      -CAcreateserial -days 1 -extfile "$d/ext" -out "$d/server.crt" 2>/dev/null
+}
+if ! make_certs; then
+  echo "polyglot: cannot make the test certificates with openssl" >&2
+  exit 1
+fi
+export TASKMESH_TLS_CA="$tmp/pki/ca.crt"
+
 # Tokens travel in the environment only (never a flag `ps` would show).
 bootstrap="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
 client_token=""
 worker_token=""
-node_client() { TASKMESH_TOKEN="$client_token" node "$client" "$1" --server "$server" "${@:2}"; }
+node_client() { TASKMESH_TOKEN="$client_token" node "$client" "$1" --server "$node_server" "${@:2}"; }
 # Always started with &: exec makes $! the python process itself.
 py_worker() { TASKMESH_TOKEN="$worker_token" exec "$py" "$worker_dir/worker.py" "$@"; }
 make_token() { # role: prints a new token of namespace default
-  TASKMESH_TOKEN="$bootstrap" "$bin" token create --server "http://$server" --role "$1" \
+  TASKMESH_TOKEN="$bootstrap" "$bin" token create --server "https://$server" --role "$1" \
     --name "polyglot-$1"
 }
 
-echo "polyglot: taskmesh serve --auth on $server (data in $tmp/data)"
+echo "polyglot: taskmesh serve --auth over TLS on $server (data in $tmp/data)"
 TASKMESH_BOOTSTRAP_TOKEN="$bootstrap" NO_COLOR=1 "$bin" serve --auth --data-dir "$tmp/data" \
-  --grpc-addr "$server" --http-addr "127.0.0.1:$http_port" >"$tmp/serve.log" 2>&1 &
+  --grpc-addr "$server" --http-addr "127.0.0.1:$http_port" \
+  --tls-cert "$tmp/pki/server.crt" --tls-key "$tmp/pki/server.key" >"$tmp/serve.log" 2>&1 &
 server_pid=$!
 
 # Health doubles as the readiness wait: check_server.py polls it until
@@ -124,7 +150,7 @@ tokens() {
 check "taskmesh token create: a submitter token for node and a worker token for python" tokens
 refused_without_token() {
   local out
-  out="$(TASKMESH_TOKEN="" node "$client" workers --server "$server" --handler py.echo --wait 1 2>&1)"
+  out="$(TASKMESH_TOKEN="" node "$client" workers --server "$node_server" --handler py.echo --wait 1 2>&1)"
   [ $? -ne 0 ] && grep -q "UNAUTHENTICATED\|missing or invalid token" <<<"$out"
 }
 check "node: a call without a token is refused UNAUTHENTICATED" refused_without_token
@@ -134,6 +160,12 @@ py_worker --server "$server" --worker-id py-e2e --concurrency 8 \
 worker_pid=$!
 check "node: the python worker is registered (ListWorkers)" \
   node_client workers --handler py.echo --worker-id py-e2e --wait 30
+# The same call that just worked, in plaintext to the TLS port: refused.
+plaintext_refused() {
+  ! TASKMESH_TLS_CA="" TASKMESH_TOKEN="$client_token" node "$client" workers --server "$node_server" \
+    --handler py.echo --worker-id py-e2e --wait 2 >/dev/null 2>&1
+}
+check "node: the same call in plaintext to the TLS port fails" plaintext_refused
 
 check "node: 100 py.echo tasks SUCCEEDED, outputs equal payloads" \
   node_client run --handler py.echo --count 100 --check-echo --timeout 120 \

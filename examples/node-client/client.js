@@ -36,7 +36,14 @@ function connect(server) {
   // never a flag, which `ps` would show.
   const token = process.env.TASKMESH_TOKEN;
   const options = token ? { interceptors: [bearer(token)] } : {};
-  return new TaskApi(server.replace(/^http:\/\//, ''), grpc.credentials.createInsecure(), options);
+  // TLS for an https:// server, or when $TASKMESH_TLS_CA names the CA to
+  // trust (without one, the system's roots).
+  const ca = process.env.TASKMESH_TLS_CA;
+  const credentials =
+    server.startsWith('https://') || ca
+      ? grpc.credentials.createSsl(ca ? fs.readFileSync(ca) : null)
+      : grpc.credentials.createInsecure();
+  return new TaskApi(server.replace(/^https?:\/\//, ''), credentials, options);
 }
 
 /** An interceptor presenting `token` on every call (`authorization: Bearer …`). */

@@ -20,6 +20,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
+from tmworker.worker import open_channel
+
 CONTRACT = ["taskmesh.v1.TaskApi", "taskmesh.v1.Dispatcher", "taskmesh.v1.Worker"]
 SERVED = ["", "taskmesh.v1.TaskApi", "taskmesh.v1.Dispatcher"]
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", choices=["health", "reflection"], help="run one check")
     args = p.parse_args(argv)
     failed = 0
-    with grpc.insecure_channel(args.server.removeprefix("http://")) as channel:
+    with open_channel(args.server) as channel:
         checks = (("health", lambda: check_health(channel, args.wait)),
                   ("reflection", lambda: check_reflection(channel)))
         for name, check in checks:

@@ -35,6 +35,8 @@ pub struct Common {
     /// shell histories would show it).
     #[arg(long, env = env::TOKEN_FILE, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub tls: taskmesh_cli::tls::ClientTlsFiles,
     /// Output form.
     #[arg(long, short, value_enum, default_value_t = Output::Text)]
     pub output: Output,
@@ -95,7 +97,8 @@ pub async fn channel(common: &Common) -> anyhow::Result<Authorized> {
         .trim()
         .to_string();
     let bearer = bearer(common)?;
-    let channel = tonic::transport::Endpoint::from_shared(url.clone())
+    let tls = common.tls.load()?;
+    let channel = taskmesh_worker::ClientTls::endpoint(tls.as_ref(), &url)
         .with_context(|| format!("invalid server URL {url:?}"))?
         .connect_timeout(Duration::from_secs(5))
         .connect()

@@ -94,3 +94,15 @@ pub const OTEL_TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
 /// The service name spans are exported under (default `taskmesh`, or
 /// `taskmesh-worker` for `taskmesh worker`).
 pub const OTEL_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
+/// `serve --tls-cert`: the server's certificate chain (PEM).
+pub const TLS_CERT: &str = "TASKMESH_TLS_CERT";
+/// `serve --tls-key`: its private key (PEM).
+pub const TLS_KEY: &str = "TASKMESH_TLS_KEY";
+/// `serve --tls-client-ca`: CA certificates client certificates must chain to.
+pub const TLS_CLIENT_CA: &str = "TASKMESH_TLS_CLIENT_CA";
+/// Clients' `--tls-ca`: the CA to trust for https:// servers.
+pub const TLS_CA: &str = "TASKMESH_TLS_CA";
+/// Clients' `--tls-cert`: their certificate for mutual TLS.
+pub const TLS_CLIENT_CERT: &str = "TASKMESH_TLS_CLIENT_CERT";
+/// Clients' `--tls-key`: its private key.
+pub const TLS_CLIENT_KEY: &str = "TASKMESH_TLS_CLIENT_KEY";

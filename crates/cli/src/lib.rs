@@ -8,3 +8,4 @@
 pub mod env;
 pub mod node;
 pub mod telemetry;
+pub mod tls;

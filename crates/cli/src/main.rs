@@ -150,6 +150,17 @@ struct ServeArgs {
     /// when the gRPC port is on loopback, or authentication is off).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     open_reflection: Option<bool>,
+    /// Serve gRPC and HTTP over TLS with this certificate chain (PEM, leaf
+    /// first); with --tls-key. Reloaded on SIGHUP and when the file changes.
+    #[arg(long, env = env::TLS_CERT, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = env::TLS_KEY, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates on the gRPC port signed by these CA
+    /// certificates (PEM): mutual TLS. The REST port does not ask for one.
+    #[arg(long, env = env::TLS_CLIENT_CA, value_name = "FILE", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
     /// Also run an in-process worker with the built-in handlers.
     #[arg(long)]
     with_worker: bool,
@@ -163,8 +174,11 @@ struct ServeArgs {
 #[derive(Debug, Args)]
 struct WorkerArgs {
     /// Server URL(s), comma-separated; the worker fails over between them.
+    /// https:// URLs connect over TLS (see --tls-ca).
     #[arg(long, env = env::SERVER, value_delimiter = ',', default_value = "http://127.0.0.1:50051")]
     server: Vec<String>,
+    #[command(flatten)]
+    tls: taskmesh_cli::tls::ClientTlsFiles,
     /// Built-in handlers to serve, comma-separated (echo, sleep, fail).
     #[arg(long, env = env::HANDLERS, value_delimiter = ',', default_value = "echo,sleep,fail")]
     handlers: Vec<String>,
@@ -299,6 +313,13 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
         r.validate()?;
         opts.redis = Some(r);
     }
+    if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
+        opts.tls = Some(taskmesh_cli::tls::TlsFiles {
+            cert,
+            key,
+            client_ca: args.tls_client_ca,
+        });
+    }
     if dev || args.with_worker {
         opts.with_worker = Some(args.worker_concurrency);
     }
@@ -316,6 +337,7 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
 async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let _tracing = args.log.init("taskmesh-worker");
     let mut opts = taskmesh_worker::WorkerOptions::new(args.server);
+    opts.tls = args.tls.load()?;
     opts.concurrency = args.concurrency;
     opts.namespace = args.namespace;
     let token =

@@ -56,6 +56,10 @@ pub struct NodeOptions {
     /// Serve `/metrics` without a token (default: only when the HTTP port
     /// is on loopback).
     pub open_metrics: Option<bool>,
+    /// Serve both ports over TLS with these files (`None`: plaintext).
+    pub tls: Option<crate::tls::TlsFiles>,
+    /// How often the TLS files are checked for changes.
+    pub tls_reload_interval: Duration,
 }
 
 impl NodeOptions {
@@ -74,6 +78,8 @@ impl NodeOptions {
             database_url: None,
             insecure: false,
             open_metrics: None,
+            tls: None,
+            tls_reload_interval: Duration::from_secs(2),
         }
     }
 
@@ -98,6 +104,11 @@ impl NodeOptions {
                 "the bootstrap token must be at least 32 printable ASCII characters"
             );
         }
+        anyhow::ensure!(
+            self.tls.is_none() || self.with_worker.is_none(),
+            "the in-process worker (--with-worker, dev) cannot be combined with TLS yet; \
+             run `taskmesh worker --server https://… --tls-ca FILE` beside the node"
+        );
         let d = &self.dispatcher;
         anyhow::ensure!(!d.ack_timeout.is_zero(), "ack timeout must be above zero");
         anyhow::ensure!(
@@ -368,11 +379,27 @@ pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
         .with_context(|| format!("binding the HTTP address {}", opts.http_addr))?;
     let grpc_addr = grpc.local_addr()?;
     let http_addr = http.local_addr()?;
+    let shutdown = CancellationToken::new();
+    // With TLS, connections are accepted (and handshaken) here; the gateway
+    // reaches the gRPC service through an in-process pipe.
+    let (plain, tls) = match &opts.tls {
+        Some(files) => {
+            let tls = crate::tls::Tls::load(files.clone()).context("loading the TLS files")?;
+            tls.watch(opts.tls_reload_interval, shutdown.child_token());
+            let (incoming, local) =
+                crate::tls::grpc_incoming(grpc, tls.clone(), shutdown.child_token());
+            let http = crate::tls::http_listener(http, tls, shutdown.child_token())?;
+            (None, Some((incoming, local, http)))
+        }
+        None => (Some((grpc, http)), None),
+    };
+    let local_channel = tls.as_ref().map(|(_, local, _)| local.clone());
 
     let gateway = Gateway::build(
         GatewayOptions {
             max_body_bytes: opts.max_body_bytes,
             max_message_bytes: opts.dispatcher.max_message_bytes,
+            grpc_channel: local_channel,
             ..GatewayOptions::new(format!("http://{}", loopback(grpc_addr)))
         },
         readiness(store.clone(), coord.clone()),
@@ -387,7 +414,6 @@ pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
     let deliverer = Deliverer::build(opts.callbacks.clone(), store.clone(), clock.clone())
         .context("building the callback deliverer")?;
 
-    let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
     let scheduler_shutdown = shutdown.child_token();
     tasks.push(Component::spawn("scheduler", async move {
@@ -395,15 +421,31 @@ pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
         Ok(())
     }));
     let grpc_shutdown = shutdown.child_token();
+    let http_shutdown = shutdown.child_token();
+    type Serving<E> = futures::future::BoxFuture<'static, Result<(), E>>;
+    let (grpc_server, http_server): (Serving<taskmesh_dispatcher::Error>, Serving<std::io::Error>) =
+        match (plain, tls) {
+            (Some((grpc, http)), _) => (
+                Box::pin(dispatcher.serve(grpc, grpc_shutdown)),
+                Box::pin(gateway.serve(http, http_shutdown)),
+            ),
+            (None, Some((incoming, _, http))) => {
+                info!(grpc_addr = %grpc_addr, http_addr = %http_addr, "serving over TLS");
+                (
+                    Box::pin(dispatcher.serve_incoming(incoming, grpc_shutdown)),
+                    Box::pin(gateway.serve_on(http, http_shutdown)),
+                )
+            }
+            (None, None) => unreachable!("the listeners are plain or TLS"),
+        };
     tasks.push(Component::spawn("grpc server", async move {
-        dispatcher.serve(grpc, grpc_shutdown).await.map_err(|err| {
+        grpc_server.await.map_err(|err| {
             warn!(error = %err, "grpc server failed");
             err.to_string()
         })
     }));
-    let http_shutdown = shutdown.child_token();
     tasks.push(Component::spawn("http server", async move {
-        gateway.serve(http, http_shutdown).await.map_err(|err| {
+        http_server.await.map_err(|err| {
             warn!(error = %err, "http server failed");
             err.to_string()
         })

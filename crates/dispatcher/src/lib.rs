@@ -190,6 +190,44 @@ impl Dispatcher {
         listener: TcpListener,
         shutdown: CancellationToken,
     ) -> Result<(), Error> {
+        let addr: Option<SocketAddr> = listener.local_addr().ok();
+        info!(grpc_addr = ?addr, "grpc server listening");
+        // Nagle off on every accepted connection: an assignment or a receipt
+        // is one small frame, and held back until the peer's delayed ACK
+        // (40 ms on Linux) it cost every task that much between push and
+        // ACK. tonic ignores `Server::tcp_nodelay` with an incoming stream of
+        // our own, so it is set here.
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |conn| {
+                conn.inspect(|tcp| {
+                    if let Err(err) = tcp.set_nodelay(true) {
+                        warn!(error = %err, "cannot set TCP_NODELAY on a connection");
+                    }
+                })
+            },
+        );
+        self.serve_incoming(incoming, shutdown).await
+    }
+
+    /// [`serve`](Self::serve) on connections the caller accepts (TLS
+    /// streams, in-process pipes): whatever `incoming` yields.
+    pub async fn serve_incoming<I, IO, IE>(
+        self,
+        incoming: I,
+        shutdown: CancellationToken,
+    ) -> Result<(), Error>
+    where
+        I: futures::Stream<Item = Result<IO, IE>>,
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let Dispatcher { shared, reaped } = self;
         let opts = shared.opts.clone();
         // Assignment secrets need the cluster key before the first push.
@@ -230,23 +268,6 @@ impl Dispatcher {
             .max_decoding_message_size(max)
             .max_encoding_message_size(max);
 
-        let addr: Option<SocketAddr> = listener.local_addr().ok();
-        info!(grpc_addr = ?addr, "grpc server listening");
-        // Nagle off on every accepted connection: an assignment or a receipt
-        // is one small frame, and held back until the peer's delayed ACK
-        // (40 ms on Linux) it cost every task that much between push and
-        // ACK. tonic ignores `Server::tcp_nodelay` with an incoming stream of
-        // our own, so it is set here.
-        let incoming = tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            |conn| {
-                conn.inspect(|tcp| {
-                    if let Err(err) = tcp.set_nodelay(true) {
-                        warn!(error = %err, "cannot set TCP_NODELAY on a connection");
-                    }
-                })
-            },
-        );
         let drain = shared.clone();
         let result = tonic::transport::Server::builder()
             // Outermost: a span per request, so everything below logs inside

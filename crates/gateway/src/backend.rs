@@ -36,6 +36,14 @@ impl Backend {
         })
     }
 
+    /// A client over an existing channel.
+    pub fn from_channel(channel: Channel, max_message_bytes: usize) -> Self {
+        Self {
+            channel,
+            max_message_bytes,
+        }
+    }
+
     fn grpc(&self) -> tonic::client::Grpc<Channel> {
         tonic::client::Grpc::new(self.channel.clone())
             .max_decoding_message_size(self.max_message_bytes)

@@ -53,6 +53,9 @@ pub struct GatewayOptions {
     /// A comment is sent on idle Server-Sent Events streams this often, so
     /// proxies do not cut them.
     pub sse_keep_alive: Duration,
+    /// A channel to the gRPC server to use instead of connecting to
+    /// `grpc_target` (an in-process pipe when the gRPC port speaks TLS).
+    pub grpc_channel: Option<tonic::transport::Channel>,
 }
 
 impl GatewayOptions {
@@ -65,6 +68,7 @@ impl GatewayOptions {
             max_body_bytes: 4 * 1024 * 1024,
             max_message_bytes: 4 * 1024 * 1024,
             sse_keep_alive: Duration::from_secs(15),
+            grpc_channel: None,
         }
     }
 }
@@ -95,7 +99,10 @@ impl Gateway {
         let pool = descriptor_pool()?;
         let routes = Routes::load(&pool)?;
         let openapi = openapi::render(&openapi::document_from(&pool, &routes));
-        let backend = Backend::new(&options.grpc_target, options.max_message_bytes)?;
+        let backend = match &options.grpc_channel {
+            Some(channel) => Backend::from_channel(channel.clone(), options.max_message_bytes),
+            None => Backend::new(&options.grpc_target, options.max_message_bytes)?,
+        };
         Ok(Self {
             shared: Arc::new(Shared {
                 options,
@@ -172,6 +179,34 @@ impl Gateway {
                 tracing::warn!(error = %err, "cannot set TCP_NODELAY on a connection");
             }
         });
+        self.serve_on_router(listener, router, streams, shutdown)
+            .await
+    }
+
+    /// [`serve`](Self::serve) on any listener (e.g. one yielding TLS streams).
+    pub async fn serve_on<L>(self, listener: L, shutdown: CancellationToken) -> std::io::Result<()>
+    where
+        L: axum::serve::Listener,
+        L::Addr: std::fmt::Debug,
+    {
+        let router = self.router();
+        let streams = self.shared.shutdown.clone();
+        tracing::info!(http_addr = ?listener.local_addr().ok(), "rest gateway listening");
+        self.serve_on_router(listener, router, streams, shutdown)
+            .await
+    }
+
+    async fn serve_on_router<L>(
+        self,
+        listener: L,
+        router: Router,
+        streams: CancellationToken,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()>
+    where
+        L: axum::serve::Listener,
+        L::Addr: std::fmt::Debug,
+    {
         axum::serve(listener, router)
             .with_graceful_shutdown(async move {
                 shutdown.cancelled().await;

@@ -48,6 +48,6 @@ mod worker;
 pub use builtin::{BUILTIN_NAMES, builtin};
 pub use error::Error;
 pub use handler::{FnHandler, Handler, HandlerError, Output, TaskContext, handler_fn};
-pub use options::{Secret, WorkerOptions};
+pub use options::{ClientTls, Secret, WorkerOptions};
 pub use stats::SlidingWindow;
 pub use worker::{Worker, WorkerHandle};

@@ -64,6 +64,52 @@ pub struct WorkerOptions {
     /// by default `http://` and the address actually bound (which needs a
     /// concrete listen IP, not 0.0.0.0).
     pub push_advertise: Option<String>,
+    /// TLS for `https://` servers; `None` trusts the public web roots and
+    /// presents no client certificate.
+    pub tls: Option<ClientTls>,
+}
+
+/// TLS of the worker's connections to `https://` servers, as PEM bytes:
+/// the CA to trust (default: the public web roots) and a certificate and
+/// key to present when the server requires one (mutual TLS).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ClientTls {
+    /// CA certificate(s) the server's certificate must chain to.
+    pub ca_pem: Option<Vec<u8>>,
+    /// This worker's certificate and private key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("ca_pem", &self.ca_pem.as_ref().map(|c| c.len()))
+            .field("identity", &self.identity.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl ClientTls {
+    /// An endpoint for `server`, with `tls` when it is an `https://` URL.
+    pub fn endpoint(
+        tls: Option<&ClientTls>,
+        server: &str,
+    ) -> Result<tonic::transport::Endpoint, tonic::transport::Error> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let endpoint = tonic::transport::Endpoint::from_shared(server.to_string())?;
+        if !server.starts_with("https://") {
+            return Ok(endpoint);
+        }
+        let mut config = ClientTlsConfig::new();
+        config = match tls.and_then(|t| t.ca_pem.as_ref()) {
+            Some(ca) => config.ca_certificate(Certificate::from_pem(ca)),
+            None => config.with_webpki_roots(),
+        };
+        if let Some((cert, key)) = tls.and_then(|t| t.identity.as_ref()) {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        endpoint.tls_config(config)
+    }
 }
 
 impl WorkerOptions {
@@ -84,6 +130,7 @@ impl WorkerOptions {
             drain_timeout: Duration::from_secs(30),
             push_listen: None,
             push_advertise: None,
+            tls: None,
         }
     }
 

@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 use tracing::{debug, info, warn};
 
@@ -84,7 +84,7 @@ impl Push {
         if let Some(c) = clients.get(server) {
             return Ok(c.clone());
         }
-        let channel = Endpoint::from_shared(server.to_string())?
+        let channel = crate::ClientTls::endpoint(self.shared.opts.tls.as_ref(), server)?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .connect_lazy();

@@ -14,7 +14,6 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
-use tonic::transport::Endpoint;
 use tracing::{debug, info, warn};
 
 use crate::Error;
@@ -48,7 +47,7 @@ pub(crate) async fn run(
     shutdown: &CancellationToken,
 ) -> Result<SessionEnd, Error> {
     let worker_id = shared.opts.worker_id.as_str();
-    let endpoint = Endpoint::from_shared(server.to_string())?
+    let endpoint = crate::ClientTls::endpoint(shared.opts.tls.as_ref(), server)?
         .connect_timeout(CONNECT_TIMEOUT)
         .http2_keep_alive_interval(KEEPALIVE)
         .keep_alive_timeout(KEEPALIVE)

@@ -34,7 +34,7 @@ import grpc
 from .handlers import Handler, Task
 from .session import CpuIdle, event, run_handler
 from .stubs import dispatcher_pb2_grpc, pb, worker_pb2, worker_pb2_grpc
-from .worker import DEFAULT_HEARTBEAT, RECONNECT_INITIAL, RECONNECT_MAX, Worker
+from .worker import DEFAULT_HEARTBEAT, RECONNECT_INITIAL, RECONNECT_MAX, Worker, open_channel
 
 CALL_TIMEOUT = 5.0
 REFRESH_TRIES_BEFORE_FAILOVER = 2
@@ -155,7 +155,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
             report_secret = self.report_secrets.get(complete.execution_id, "")
         for attempt in range(REPORT_ATTEMPTS):
             try:
-                with grpc.insecure_channel(server) as channel:
+                with open_channel(server) as channel:
                     stub = dispatcher_pb2_grpc.DispatcherStub(channel)
                     reply = stub.ReportResult(pb.ReportResultRequest(
                         session_id=session_id or "", complete=complete,
@@ -232,7 +232,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         with self._lock:
             current = self.session_id if self.granted_by.get(self.session_id or "") == server \
                 else None
-        with grpc.insecure_channel(server) as channel:
+        with open_channel(server) as channel:
             reply = dispatcher_pb2_grpc.DispatcherStub(channel).RegisterPushWorker(
                 pb.RegisterPushWorkerRequest(
                     registration=pb.WorkerRegistration(
@@ -262,7 +262,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         event(logging.INFO, "draining", worker_id=self.worker_id, running=running)
         if session_id and server:
             try:
-                with grpc.insecure_channel(server) as channel:
+                with open_channel(server) as channel:
                     dispatcher_pb2_grpc.DispatcherStub(channel).DeregisterPushWorker(
                         pb.DeregisterPushWorkerRequest(session_id=session_id, reason="stopping"),
                         metadata=self.metadata(), timeout=CALL_TIMEOUT)

@@ -22,6 +22,22 @@ RECONNECT_INITIAL = 0.1
 RECONNECT_MAX = 5.0
 
 
+def open_channel(server: str, options=None) -> grpc.Channel:
+    """A channel to `server` (host:port, or an http:// or https:// URL).
+    An https:// URL, or a CA file in $TASKMESH_TLS_CA, means TLS trusting
+    that CA (without one, the system's roots)."""
+    ca_file = os.environ.get("TASKMESH_TLS_CA", "")
+    target = server.removeprefix("http://").removeprefix("https://")
+    if server.startswith("https://") or ca_file:
+        ca = None
+        if ca_file:
+            with open(ca_file, "rb") as f:
+                ca = f.read()
+        creds = grpc.ssl_channel_credentials(root_certificates=ca)
+        return grpc.secure_channel(target, creds, options=options)
+    return grpc.insecure_channel(target, options=options)
+
+
 class Worker:
     """Connects, fails over across servers with jittered backoff, serves
     sessions until stopped."""
@@ -106,7 +122,7 @@ class Worker:
     def serve(self, server: str) -> None:
         """One session against `server`, from connect to the end of the stream."""
         options = [("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 20_000)]
-        with grpc.insecure_channel(server, options=options) as channel:
+        with open_channel(server, options=options) as channel:
             grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT)
             session = Session(self)
             session.send(register=pb.WorkerRegistration(
