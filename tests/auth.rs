@@ -303,8 +303,26 @@ fn rpcs(f: &Fixture) -> Vec<Rpc> {
     };
     use Need::*;
     use Shape::*;
-    let t = move || task.clone();
-    let s = move || sched.clone();
+    // A request naming one resource by id (`field`), in namespace `ns`.
+    macro_rules! by_id {
+        ($path:literal, $shape:expr, $need:expr, $msg:ident { $field:ident: $id:expr }) => {{
+            let id = $id.clone();
+            rpc(
+                $path,
+                $shape,
+                $need,
+                Box::new(move |ns: &str| {
+                    #[allow(clippy::needless_update)]
+                    let request = pb::$msg {
+                        $field: id.clone(),
+                        namespace: ns.into(),
+                        ..Default::default()
+                    };
+                    enc(request)
+                }),
+            )
+        }};
+    }
     vec![
         rpc(
             "/taskmesh.v1.TaskApi/SubmitTask",
@@ -322,20 +340,12 @@ fn rpcs(f: &Fixture) -> Vec<Rpc> {
                 })
             }),
         ),
-        {
-            let t = t.clone();
-            rpc(
-                "/taskmesh.v1.TaskApi/GetTask",
-                Unary,
-                Read,
-                Box::new(move |ns| {
-                    enc(pb::GetTaskRequest {
-                        task_id: t(),
-                        namespace: ns.into(),
-                    })
-                }),
-            )
-        },
+        by_id!(
+            "/taskmesh.v1.TaskApi/GetTask",
+            Unary,
+            Read,
+            GetTaskRequest { task_id: task }
+        ),
         rpc(
             "/taskmesh.v1.TaskApi/ListTasks",
             Unary,
@@ -347,30 +357,21 @@ fn rpcs(f: &Fixture) -> Vec<Rpc> {
                 })
             }),
         ),
+        by_id!(
+            "/taskmesh.v1.TaskApi/CancelTask",
+            Unary,
+            Write,
+            CancelTaskRequest { task_id: task }
+        ),
         {
-            let t = t.clone();
-            rpc(
-                "/taskmesh.v1.TaskApi/CancelTask",
-                Unary,
-                Write,
-                Box::new(move |ns| {
-                    enc(pb::CancelTaskRequest {
-                        task_id: t(),
-                        namespace: ns.into(),
-                        ..Default::default()
-                    })
-                }),
-            )
-        },
-        {
-            let t = t.clone();
+            let t = task.clone();
             rpc(
                 "/taskmesh.v1.TaskApi/AckTask",
                 Unary,
                 Work,
                 Box::new(move |ns| {
                     enc(pb::AckTaskRequest {
-                        task_id: t(),
+                        task_id: t.clone(),
                         execution_id: "stolen-execution-id".into(),
                         namespace: ns.into(),
                         report_secret: String::new(),
@@ -378,20 +379,12 @@ fn rpcs(f: &Fixture) -> Vec<Rpc> {
                 }),
             )
         },
-        {
-            let t = t.clone();
-            rpc(
-                "/taskmesh.v1.TaskApi/WatchTask",
-                ServerStream,
-                Read,
-                Box::new(move |ns| {
-                    enc(pb::WatchTaskRequest {
-                        task_id: t(),
-                        namespace: ns.into(),
-                    })
-                }),
-            )
-        },
+        by_id!(
+            "/taskmesh.v1.TaskApi/WatchTask",
+            ServerStream,
+            Read,
+            WatchTaskRequest { task_id: task }
+        ),
         rpc(
             "/taskmesh.v1.TaskApi/ListWorkers",
             Unary,
@@ -414,20 +407,12 @@ fn rpcs(f: &Fixture) -> Vec<Rpc> {
                 })
             }),
         ),
-        {
-            let s = s.clone();
-            rpc(
-                "/taskmesh.v1.TaskApi/GetSchedule",
-                Unary,
-                Read,
-                Box::new(move |ns| {
-                    enc(pb::GetScheduleRequest {
-                        schedule_id: s(),
-                        namespace: ns.into(),
-                    })
-                }),
-            )
-        },
+        by_id!(
+            "/taskmesh.v1.TaskApi/GetSchedule",
+            Unary,
+            Read,
+            GetScheduleRequest { schedule_id: sched }
+        ),
         rpc(
             "/taskmesh.v1.TaskApi/ListSchedules",
             Unary,
@@ -440,7 +425,7 @@ fn rpcs(f: &Fixture) -> Vec<Rpc> {
             }),
         ),
         {
-            let s = s.clone();
+            let s = sched.clone();
             rpc(
                 "/taskmesh.v1.TaskApi/UpdateSchedule",
                 Unary,
@@ -448,7 +433,7 @@ fn rpcs(f: &Fixture) -> Vec<Rpc> {
                 Box::new(move |ns| {
                     enc(pb::UpdateScheduleRequest {
                         schedule: Some(pb::Schedule {
-                            schedule_id: s(),
+                            schedule_id: s.clone(),
                             ..schedule::every_second("echo")
                         }),
                         namespace: ns.into(),
@@ -457,62 +442,30 @@ fn rpcs(f: &Fixture) -> Vec<Rpc> {
                 }),
             )
         },
-        {
-            let s = s.clone();
-            rpc(
-                "/taskmesh.v1.TaskApi/DeleteSchedule",
-                Unary,
-                Write,
-                Box::new(move |ns| {
-                    enc(pb::DeleteScheduleRequest {
-                        schedule_id: s(),
-                        namespace: ns.into(),
-                    })
-                }),
-            )
-        },
-        {
-            let s = s.clone();
-            rpc(
-                "/taskmesh.v1.TaskApi/PauseSchedule",
-                Unary,
-                Write,
-                Box::new(move |ns| {
-                    enc(pb::PauseScheduleRequest {
-                        schedule_id: s(),
-                        namespace: ns.into(),
-                    })
-                }),
-            )
-        },
-        {
-            let s = s.clone();
-            rpc(
-                "/taskmesh.v1.TaskApi/ResumeSchedule",
-                Unary,
-                Write,
-                Box::new(move |ns| {
-                    enc(pb::ResumeScheduleRequest {
-                        schedule_id: s(),
-                        namespace: ns.into(),
-                    })
-                }),
-            )
-        },
-        {
-            let s = s.clone();
-            rpc(
-                "/taskmesh.v1.TaskApi/TriggerSchedule",
-                Unary,
-                Write,
-                Box::new(move |ns| {
-                    enc(pb::TriggerScheduleRequest {
-                        schedule_id: s(),
-                        namespace: ns.into(),
-                    })
-                }),
-            )
-        },
+        by_id!(
+            "/taskmesh.v1.TaskApi/DeleteSchedule",
+            Unary,
+            Write,
+            DeleteScheduleRequest { schedule_id: sched }
+        ),
+        by_id!(
+            "/taskmesh.v1.TaskApi/PauseSchedule",
+            Unary,
+            Write,
+            PauseScheduleRequest { schedule_id: sched }
+        ),
+        by_id!(
+            "/taskmesh.v1.TaskApi/ResumeSchedule",
+            Unary,
+            Write,
+            ResumeScheduleRequest { schedule_id: sched }
+        ),
+        by_id!(
+            "/taskmesh.v1.TaskApi/TriggerSchedule",
+            Unary,
+            Write,
+            TriggerScheduleRequest { schedule_id: sched }
+        ),
         rpc(
             "/taskmesh.v1.TaskApi/ListCircuitBreakers",
             Unary,
@@ -553,7 +506,7 @@ fn rpcs(f: &Fixture) -> Vec<Rpc> {
                 enc(pb::ReportResultRequest {
                     session_id: "someone-elses-session".into(),
                     complete: Some(pb::TaskComplete {
-                        task_id: t(),
+                        task_id: task.clone(),
                         execution_id: "stolen-execution-id".into(),
                         result: Some(pb::task_complete::Result::Success(pb::TaskSuccess {
                             output: Some(pb::Payload {
