@@ -34,6 +34,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // `Dispatcher.Connect` would clash with the generated `connect(dst)`
         // constructor; clients are built with `new(channel)` instead.
         .build_transport(false)
+        // prost's codec, but an undecodable message is INVALID_ARGUMENT.
+        .codec_path("crate::codec::Codec")
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

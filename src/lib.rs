@@ -14,6 +14,8 @@ pub mod google_api {
     tonic::include_proto!("google.api");
 }
 
+pub mod codec;
+
 /// The encoded `FileDescriptorSet` of every file in `proto/` (imports
 /// included, source info and `google.api.http` options kept), for server
 /// reflection and the REST gateway.

@@ -371,3 +371,27 @@ async fn a_batch_submit_answers_each_entry_and_writes_the_valid_ones() {
     assert_eq!(err.code(), Code::InvalidArgument);
     stop_node(node).await;
 }
+
+#[tokio::test]
+async fn bytes_that_are_not_the_request_message_are_invalid_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let mut grpc = tonic::client::Grpc::new(channel(node.grpc_addr).await);
+    // A field 1 of wire type 7 (none such), then a length running past the end.
+    for garbage in [&[0x0f_u8, 0x01][..], &[0x0a, 0x7f, 0x01][..]] {
+        grpc.ready().await.unwrap();
+        let err = grpc
+            .unary(
+                tonic::Request::new(bytes::Bytes::copy_from_slice(garbage)),
+                ::http::uri::PathAndQuery::from_static("/taskmesh.v1.TaskApi/SubmitTask"),
+                taskmesh_gateway::BytesCodec,
+            )
+            .await
+            .expect_err("garbage is refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains("not valid protobuf"), "{err:?}");
+    }
+    let mut api = api(node.grpc_addr).await;
+    assert_eq!(count_tasks(&mut api).await, 0, "nothing was written");
+    stop_node(node).await;
+}

@@ -11,62 +11,25 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use prost::Message;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use taskmesh::v1 as pb;
 use taskmesh_cli::node::RunningNode;
 use taskmesh_core::auth::{Role, new_token};
+// Request and response bodies as bytes, untouched.
+use taskmesh_gateway::BytesCodec as RawCodec;
 use taskmesh_store::TaskFilter;
 use taskmesh_testkit::*;
 use taskmesh_worker::{
     HandlerError, Output, Secret, TaskContext, Worker, WorkerOptions, handler_fn,
 };
 use tonic::Code;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 
 /// The bootstrap token of the nodes these tests start.
 const BOOTSTRAP: &str = "bootstrap-token-of-the-auth-tests-0123456789";
-
-/// Request and response bodies as bytes, untouched.
-#[derive(Default, Clone)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RawCodec
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        RawCodec
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Bytes;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
-        dst.put(item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Bytes;
-    type Error = tonic::Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Self::Error> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
-    }
-}
 
 /// How a method streams.
 #[derive(Clone, Copy, Debug)]

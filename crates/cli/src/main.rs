@@ -120,7 +120,7 @@ struct ServeArgs {
     /// Redis URL for cluster coordination (leader lease with fencing token,
     /// worker registry across replicas), e.g. redis://127.0.0.1:6379; unset
     /// coordinates in process (one node).
-    #[arg(long, env = env::REDIS_URL)]
+    #[arg(long, env = env::REDIS_URL, hide_env_values = true)]
     redis_url: Option<String>,
     /// Prefix of every Redis key (several clusters may share a server).
     #[arg(long, env = env::REDIS_PREFIX, default_value = "taskmesh:")]

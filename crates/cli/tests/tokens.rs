@@ -1,7 +1,8 @@
 //! `taskmesh token` and protected mode as an operator meets them: the real
 //! binary, `serve --auth` with a bootstrap token from the environment, tokens
 //! made, used (from the environment and from a file), listed, revoked and
-//! then refused — and never printed where they should not be.
+//! then refused — and never printed where they should not be, `--help`
+//! included.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -215,4 +216,29 @@ async fn serve_beyond_loopback_without_auth_refuses_to_start() {
 
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+#[tokio::test]
+async fn help_never_shows_a_secret_from_the_environment() {
+    let secrets = [
+        (
+            "TASKMESH_DATABASE_URL",
+            "postgres://app:hunter2-db@db.internal/tm",
+        ),
+        (
+            "TASKMESH_REDIS_URL",
+            "redis://:hunter2-redis@redis.internal:6379",
+        ),
+        ("TASKMESH_CALLBACK_SECRET", "hunter2-callbacks"),
+    ];
+    for command in [&["serve", "--help"][..], &["dev", "--help"][..]] {
+        let out = run(command, &secrets).await;
+        let help = ok(&out, "--help");
+        assert!(help.contains("--database-url"), "{help}");
+        assert!(
+            !help.contains("hunter2"),
+            "a secret in `{}`:\n{help}",
+            command.join(" ")
+        );
+    }
 }

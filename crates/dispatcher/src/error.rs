@@ -51,9 +51,29 @@ pub fn grpc_code(code: ErrorCode) -> tonic::Code {
 impl From<Error> for tonic::Status {
     fn from(err: Error) -> Self {
         let code = err.code();
-        if code == ErrorCode::Internal {
-            tracing::error!(error = %err, "internal error");
-        }
-        tonic::Status::new(grpc_code(code), err.to_string())
+        let class = match (&err, code) {
+            (_, ErrorCode::Internal) => "internal error",
+            (Error::Coord(_), ErrorCode::Unavailable) => {
+                "coordination unavailable; retry with backoff"
+            }
+            (_, ErrorCode::Unavailable) => "store unavailable; retry with backoff",
+            // Our own words (what was not found, which key is taken, why
+            // the input is refused): the caller needs them.
+            _ => return tonic::Status::new(grpc_code(code), err.to_string()),
+        };
+        opaque(grpc_code(code), class, &err)
     }
+}
+
+/// A status saying only `class` and a reference; what the database, Redis
+/// or the runtime said (host names, SQL, driver text) goes to the log under
+/// that reference, never to the caller.
+pub fn opaque(code: tonic::Code, class: &str, detail: &dyn std::fmt::Display) -> tonic::Status {
+    let reference = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+    if code == tonic::Code::Internal {
+        tracing::error!(error = %detail, reference, "{class}");
+    } else {
+        tracing::warn!(error = %detail, reference, "{class}");
+    }
+    tonic::Status::new(code, format!("{class} (ref {reference})"))
 }

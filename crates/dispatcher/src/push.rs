@@ -229,7 +229,11 @@ pub(crate) async fn register(
         .put_worker(entry.clone())
         .await
         .map_err(|err| {
-            Status::unavailable(format!("cannot register the worker cluster-wide: {err}"))
+            crate::error::opaque(
+                tonic::Code::Unavailable,
+                "cannot register the worker cluster-wide; retry with backoff",
+                &err,
+            )
         })?;
     let (tx, rx) = mpsc::channel(reg.capacity as usize * 2 + 64);
     let ended = CancellationToken::new();
@@ -368,9 +372,9 @@ pub(crate) async fn report(
     // that gives up, or the request timeout, must not drop it halfway and
     // leave the attempt RUNNING with its slot taken.
     let recording = stream::record_complete(shared, &req.session_id, done).await;
-    tokio::spawn(recording)
-        .await
-        .map_err(|err| Status::internal(format!("recording the result failed: {err}")))
+    tokio::spawn(recording).await.map_err(|err| {
+        crate::error::opaque(tonic::Code::Internal, "recording the result failed", &err)
+    })
 }
 
 /// `DeregisterPushWorker`: the session takes nothing new and ends once its

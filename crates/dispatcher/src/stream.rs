@@ -91,7 +91,11 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
             .put_worker(entry.clone())
             .await
             .map_err(|err| {
-                Status::unavailable(format!("cannot register the worker cluster-wide: {err}"))
+                crate::error::opaque(
+                    tonic::Code::Unavailable,
+                    "cannot register the worker cluster-wide; retry with backoff",
+                    &err,
+                )
             })?;
         self.shared.registry.insert(Registration {
             session_id: session_id.clone(),
@@ -194,7 +198,13 @@ pub(crate) async fn claim_worker_id(
             .coord
             .list_workers()
             .await
-            .map_err(|err| Status::unavailable(format!("cannot read the worker registry: {err}")))?
+            .map_err(|err| {
+                crate::error::opaque(
+                    tonic::Code::Unavailable,
+                    "cannot read the worker registry; retry with backoff",
+                    &err,
+                )
+            })?
             .iter()
             .any(|e| e.worker_id == worker_id && taken(&e.owner)),
     };

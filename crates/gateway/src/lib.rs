@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
+pub use backend::BytesCodec;
 pub use error::{ApiError, Error};
 pub use handler::FORWARDED_HEADERS;
 pub use health::{Check, Readiness};
