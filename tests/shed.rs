@@ -154,3 +154,90 @@ async fn a_call_is_shed_while_another_holds_the_slot_and_a_live_stream_holds_non
     .expect("the server ends the closed stream");
     stop_node(node).await;
 }
+
+/// Opens `n` unary `GetTask` streams on one raw HTTP/2 connection that send
+/// their headers and never a body, and returns once the server has read
+/// them all: their answers, and the send halves (kept, so the streams stay
+/// open).
+async fn bodiless_requests(
+    addr: std::net::SocketAddr,
+    n: usize,
+) -> Vec<(h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>)> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, mut connection) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+    let mut ping_pong = connection.ping_pong().expect("a ping handle");
+    tokio::spawn(connection);
+    let mut client = client;
+    let mut open = Vec::with_capacity(n);
+    for _ in 0..n {
+        client = client.ready().await.expect("a stream may open");
+        let request = ::http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{addr}/taskmesh.v1.TaskApi/GetTask"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        open.push(
+            client
+                .send_request(request, false)
+                .expect("send the headers"),
+        );
+    }
+    // The server answers a PING after every frame sent before it: all the
+    // headers have reached it (and each request its service) by then.
+    ping_pong
+        .ping(h2::Ping::opaque())
+        .await
+        .expect("the server answers the ping");
+    open
+}
+
+/// Regression: headers without a body used to hold a concurrency slot each
+/// until the request timeout, so one connection could refuse every call
+/// of every client. Now a request takes a slot only once it has arrived,
+/// and a body that never comes is answered DEADLINE_EXCEEDED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_a_body_hold_no_slot_and_are_answered_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = node_options(dir.path());
+    opts.dispatcher.max_concurrent_requests = 8;
+    opts.dispatcher.request_body_timeout = Duration::from_millis(1_500);
+    let node = start_node(opts).await;
+    let mut api = api(node.grpc_addr).await;
+    let id = submit(&mut api, "echo", b"{}").await;
+
+    // Far more bodiless requests than there are slots.
+    let pending = bodiless_requests(node.grpc_addr, 64).await;
+    // Other calls all get through meanwhile (20 sequential, a bounded loop).
+    for _ in 0..20 {
+        let t = api
+            .get_task(pb::GetTaskRequest {
+                task_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("a bodiless flood holds no slot");
+        assert_eq!(t.into_inner().task.unwrap().task_id, id);
+    }
+    // Each bodiless request is answered, DEADLINE_EXCEEDED, once its body
+    // timeout passed (all within the limit).
+    for (response, _send) in pending {
+        let response = tokio::time::timeout(LIMIT, response)
+            .await
+            .expect("answered in time")
+            .expect("an HTTP/2 response");
+        let status = response
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        assert_eq!(
+            status.as_deref(),
+            Some("4"),
+            "DEADLINE_EXCEEDED: {:?}",
+            response.headers()
+        );
+    }
+    stop_node(node).await;
+}

@@ -106,3 +106,7 @@ pub const TLS_CA: &str = "TASKMESH_TLS_CA";
 pub const TLS_CLIENT_CERT: &str = "TASKMESH_TLS_CLIENT_CERT";
 /// Clients' `--tls-key`: its private key.
 pub const TLS_CLIENT_KEY: &str = "TASKMESH_TLS_CLIENT_KEY";
+/// `serve --request-body-timeout`.
+pub const REQUEST_BODY_TIMEOUT: &str = "TASKMESH_REQUEST_BODY_TIMEOUT";
+/// `serve --max-streams-per-connection`.
+pub const MAX_STREAMS_PER_CONNECTION: &str = "TASKMESH_MAX_STREAMS_PER_CONNECTION";

@@ -77,6 +77,13 @@ struct ServeArgs {
     /// gRPC requests in flight before new ones are refused with RESOURCE_EXHAUSTED.
     #[arg(long, env = env::MAX_CONCURRENT_REQUESTS, default_value_t = 1024)]
     max_concurrent_requests: usize,
+    /// A gRPC request's body must arrive within this (else
+    /// DEADLINE_EXCEEDED); until it has, it takes none of the slots above.
+    #[arg(long, env = env::REQUEST_BODY_TIMEOUT, default_value = "10s", value_parser = humantime::parse_duration)]
+    request_body_timeout: Duration,
+    /// HTTP/2 streams one gRPC connection may have open at once.
+    #[arg(long, env = env::MAX_STREAMS_PER_CONNECTION, default_value_t = 256)]
+    max_streams_per_connection: u32,
     /// Trigger engine: "wheel" (in-memory timing wheel, ~1 ms late) or
     /// "poll" (database polling every --poll-interval).
     #[arg(long, env = env::TRIGGER_ENGINE, default_value = "wheel", value_parser = ["wheel", "poll"])]
@@ -266,6 +273,8 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
     opts.dispatcher.heartbeat_interval = args.heartbeat_interval;
     opts.dispatcher.max_payload_bytes = args.max_payload_bytes;
     opts.dispatcher.max_concurrent_requests = args.max_concurrent_requests;
+    opts.dispatcher.request_body_timeout = args.request_body_timeout;
+    opts.dispatcher.max_streams_per_connection = args.max_streams_per_connection;
     opts.scheduler.engine = taskmesh_scheduler::EngineKind::parse(&args.trigger_engine)
         .ok_or_else(|| anyhow::anyhow!("unknown trigger engine {:?}", args.trigger_engine))?;
     opts.scheduler.poll_interval = args.poll_interval;

@@ -112,6 +112,14 @@ impl NodeOptions {
         let d = &self.dispatcher;
         anyhow::ensure!(!d.ack_timeout.is_zero(), "ack timeout must be above zero");
         anyhow::ensure!(
+            !d.request_body_timeout.is_zero(),
+            "request body timeout must be above zero"
+        );
+        anyhow::ensure!(
+            d.max_streams_per_connection > 0,
+            "max streams per connection must be above zero"
+        );
+        anyhow::ensure!(
             !d.heartbeat_interval.is_zero(),
             "heartbeat interval must be above zero"
         );

@@ -85,3 +85,102 @@ where
         })
     }
 }
+
+/// Reads a request's whole body before passing it on, within `timeout` and
+/// `limit` bytes, for every method whose client sends a bounded request
+/// (unary and server-streaming: all but the bidirectional ones). Outside
+/// the shedder: a request holds a concurrency slot only once it has
+/// arrived, so clients that send headers and never a body hold nothing
+/// but their own HTTP/2 streams (bounded per connection), and each such
+/// stream is answered DEADLINE_EXCEEDED after `timeout`.
+#[derive(Debug, Clone)]
+pub struct WholeBodyLayer {
+    timeout: std::time::Duration,
+    limit: usize,
+}
+
+impl WholeBodyLayer {
+    /// Bodies must arrive within `timeout` and hold at most `limit` bytes.
+    pub fn new(timeout: std::time::Duration, limit: usize) -> Self {
+        Self { timeout, limit }
+    }
+}
+
+impl<S> Layer<S> for WholeBodyLayer {
+    type Service = WholeBody<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        WholeBody {
+            inner,
+            timeout: self.timeout,
+            limit: self.limit,
+        }
+    }
+}
+
+/// The service made by [`WholeBodyLayer`].
+#[derive(Debug, Clone)]
+pub struct WholeBody<S> {
+    inner: S,
+    timeout: std::time::Duration,
+    limit: usize,
+}
+
+/// Methods whose clients stream requests: their bodies are never whole.
+fn streams_requests(path: &str) -> bool {
+    path == "/taskmesh.v1.Dispatcher/Connect"
+        || path.ends_with("ServerReflection/ServerReflectionInfo")
+}
+
+impl<S, ResBody> Service<http::Request<tonic::body::Body>> for WholeBody<S>
+where
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    ResBody: Default + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        if streams_requests(req.uri().path()) {
+            return Box::pin(inner.call(req));
+        }
+        let (timeout, limit) = (self.timeout, self.limit);
+        Box::pin(async move {
+            use http_body_util::BodyExt;
+            let (parts, body) = req.into_parts();
+            let read = http_body_util::Limited::new(body, limit).collect();
+            let bytes = match tokio::time::timeout(timeout, read).await {
+                Ok(Ok(collected)) => collected.to_bytes(),
+                Ok(Err(err)) => {
+                    let status = if err.is::<http_body_util::LengthLimitError>() {
+                        tonic::Status::resource_exhausted(format!(
+                            "the request is over the limit of {limit} bytes"
+                        ))
+                    } else {
+                        tonic::Status::cancelled("the request's body ended in an error")
+                    };
+                    return Ok(status.into_http());
+                }
+                Err(_) => {
+                    return Ok(tonic::Status::deadline_exceeded(format!(
+                        "the request's body did not arrive within {timeout:?}"
+                    ))
+                    .into_http());
+                }
+            };
+            let body = tonic::body::Body::new(http_body_util::Full::new(bytes));
+            inner.call(http::Request::from_parts(parts, body)).await
+        })
+    }
+}

@@ -67,6 +67,16 @@ pub struct DispatcherOptions {
     pub request_timeout: Duration,
     /// Requests in flight above this are refused with RESOURCE_EXHAUSTED.
     pub max_concurrent_requests: usize,
+    /// A request's body (all but the bidirectional streams) must arrive
+    /// within this, else DEADLINE_EXCEEDED; until it has, it holds no
+    /// concurrency slot.
+    pub request_body_timeout: Duration,
+    /// HTTP/2 streams one connection may have open at once
+    /// (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub max_streams_per_connection: u32,
+    /// HTTP/2 keepalive: a PING after this much silence on a connection;
+    /// unanswered within the same time, the connection is closed.
+    pub keepalive_interval: Duration,
     /// Most tasks claimed per store transaction.
     pub claim_batch: usize,
     /// How often the store and coordination are pinged to decide the gRPC
@@ -89,6 +99,9 @@ impl Default for DispatcherOptions {
             max_message_bytes: 4 * 1024 * 1024,
             request_timeout: Duration::from_secs(30),
             max_concurrent_requests: 1024,
+            request_body_timeout: Duration::from_secs(10),
+            max_streams_per_connection: 256,
+            keepalive_interval: Duration::from_secs(30),
             claim_batch: 256,
             health_interval: Duration::from_secs(2),
             balancer: BalancerOptions::default(),
@@ -283,6 +296,17 @@ impl Dispatcher {
             // Then the deadline: a unary call that takes longer is cut off
             // (streams are unaffected once their response has started).
             .timeout(opts.request_timeout)
+            // Per connection: a bound on open streams, and PINGs that close
+            // a connection whose peer went silent.
+            .max_concurrent_streams(Some(opts.max_streams_per_connection))
+            .http2_keepalive_interval(Some(opts.keepalive_interval))
+            .http2_keepalive_timeout(Some(opts.keepalive_interval))
+            // Then the whole request is read (within request_body_timeout)
+            // before it may take a slot: headers without a body hold none.
+            .layer(layers::WholeBodyLayer::new(
+                opts.request_body_timeout,
+                opts.max_message_bytes.saturating_add(64 * 1024),
+            ))
             // Then shedding: refuse at once past the limit rather than queue.
             // Health checks pass through it on purpose: a node refusing work
             // should also look unavailable to a load balancer's probe.
