@@ -102,7 +102,7 @@ async fn metrics_after_a_small_run_agree_with_it() {
                 && sample(
                     &text,
                     "taskmesh_worker_active_tasks",
-                    &[("worker_id", "metrics-worker")],
+                    &[("namespace", "default")],
                 ) == Some(0.0))
             .then_some(text)
         },
@@ -141,10 +141,7 @@ async fn metrics_after_a_small_run_agree_with_it() {
     );
     assert!(v("taskmesh_dispatch_latency_seconds_sum", &echo_l) >= 0.0);
     assert_eq!(
-        v(
-            "taskmesh_worker_active_tasks",
-            &[("worker_id", "metrics-worker")]
-        ),
+        v("taskmesh_worker_active_tasks", &[("namespace", "default")]),
         0.0,
         "nothing in flight at the end"
     );

@@ -38,8 +38,10 @@ async fn a_call_is_shed_while_another_holds_the_slot_and_a_live_stream_holds_non
     let dir = tempfile::tempdir().unwrap();
     let mut opts = node_options(dir.path());
     opts.dispatcher.max_concurrent_requests = 1;
-    // The server waits three heartbeat intervals for a register message.
+    // The server waits three heartbeat intervals (at most the request body
+    // timeout) for a register message: long enough for this test.
     opts.dispatcher.heartbeat_interval = Duration::from_secs(10);
+    opts.dispatcher.request_body_timeout = Duration::from_secs(30);
     let node = start_node(opts).await;
     let mut api = api(node.grpc_addr).await;
     let mut health = HealthClient::new(channel(node.grpc_addr).await);

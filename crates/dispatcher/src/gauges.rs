@@ -37,15 +37,17 @@ pub async fn refresh(
 ) {
     match shared.store.ready_counts().await {
         Ok(counts) => {
-            let now: HashSet<(String, String)> = counts
-                .iter()
-                .map(|(ns, h, _)| (ns.clone(), h.clone()))
-                .collect();
+            // Pairs past the label cap add up under `other`.
+            let mut depth = std::collections::HashMap::<(String, String), u64>::new();
+            for (ns, h, n) in counts {
+                *depth.entry(meters::labels(&ns, &h)).or_default() += n;
+            }
+            let now: HashSet<(String, String)> = depth.keys().cloned().collect();
             for (ns, h) in handlers.difference(&now) {
                 metrics::gauge!(meters::QUEUE_DEPTH, "namespace" => ns.clone(), "handler" => h.clone())
                     .set(0.0);
             }
-            for (ns, handler, n) in counts {
+            for ((ns, handler), n) in depth {
                 metrics::gauge!(meters::QUEUE_DEPTH, "namespace" => ns, "handler" => handler)
                     .set(n as f64);
             }
@@ -57,14 +59,16 @@ pub async fn refresh(
     metrics::gauge!(meters::WORKERS_CONNECTED).set(snapshot.len() as f64);
     let mut active = std::collections::HashMap::<String, u32>::new();
     for w in &snapshot {
-        *active.entry(w.worker_id.clone()).or_default() += w.active;
+        *active
+            .entry(meters::namespace_label(&w.namespace))
+            .or_default() += w.active;
     }
     let now: HashSet<String> = active.keys().cloned().collect();
     for gone in workers.difference(&now) {
-        metrics::gauge!(meters::WORKER_ACTIVE, "worker_id" => gone.clone()).set(0.0);
+        metrics::gauge!(meters::WORKER_ACTIVE, "namespace" => gone.clone()).set(0.0);
     }
-    for (worker_id, n) in active {
-        metrics::gauge!(meters::WORKER_ACTIVE, "worker_id" => worker_id).set(f64::from(n));
+    for (ns, n) in active {
+        metrics::gauge!(meters::WORKER_ACTIVE, "namespace" => ns).set(f64::from(n));
     }
     *workers = now;
 }

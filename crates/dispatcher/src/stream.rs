@@ -50,11 +50,15 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
     ) -> Result<Response<Self::ConnectStream>, Status> {
         let who = crate::auth::identity(&request);
         let mut inbound = request.into_inner();
-        let first =
-            tokio::time::timeout(self.shared.opts.heartbeat_interval * 3, inbound.message())
-                .await
-                .map_err(|_| Status::deadline_exceeded("no register message arrived in time"))??
-                .ok_or_else(|| Status::invalid_argument("stream closed before register"))?;
+        // The register message is the request's "body": while it has not
+        // come the stream holds a concurrency slot, so it gets no longer
+        // than a unary request's body does.
+        let opts = &self.shared.opts;
+        let wait = (opts.heartbeat_interval * 3).min(opts.request_body_timeout);
+        let first = tokio::time::timeout(wait, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no register message arrived in time"))??
+            .ok_or_else(|| Status::invalid_argument("stream closed before register"))?;
         let Some(In::Register(reg)) = first.message else {
             return Err(Status::invalid_argument(
                 "the first message on a Dispatcher stream must be register",
