@@ -395,3 +395,51 @@ async fn bytes_that_are_not_the_request_message_are_invalid_argument() {
     assert_eq!(count_tasks(&mut api).await, 0, "nothing was written");
     stop_node(node).await;
 }
+
+/// Regression: a page of large tasks used to be loaded and encoded whole
+/// and then refused (OUT_OF_RANGE) for passing the message limit. Now a
+/// page ends early with a token, and walking the pages yields every task
+/// exactly once.
+#[tokio::test]
+async fn list_pages_end_before_the_message_limit_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = node_options(dir.path());
+    opts.dispatcher.max_message_bytes = 256 * 1024;
+    opts.dispatcher.max_payload_bytes = 64 * 1024;
+    let node = start_node(opts).await;
+    let mut api = api(node.grpc_addr).await;
+    let payload = format!("\"{}\"", "x".repeat(60 * 1024));
+    let mut ids = Vec::new();
+    for _ in 0..12 {
+        ids.push(submit(&mut api, "nobody", payload.as_bytes()).await);
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(pages <= 12, "the pages end");
+        let page = api
+            .list_tasks(pb::ListTasksRequest {
+                page_size: 1_000,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("a page within the message limit")
+            .into_inner();
+        assert!(!page.tasks.is_empty(), "a page holds at least one task");
+        seen.extend(page.tasks.iter().map(|t| t.task_id.clone()));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert!(pages > 1, "12 × 60 KiB does not fit one 256 KiB answer");
+    let mut want = ids.clone();
+    want.sort();
+    let mut got = seen.clone();
+    got.sort();
+    assert_eq!(got, want, "every task exactly once over {pages} pages");
+    stop_node(node).await;
+}

@@ -209,3 +209,49 @@ async fn new_tasks_go_to_the_streams_with_fewer_active_tasks() {
     w3.close().await;
     stop_node(node).await;
 }
+
+/// Regression: a worker's output over the payload limit used to be stored,
+/// and the task could then no longer be read (GetTask and WatchTask answer
+/// within the message limit). Now the attempt fails, not retried, saying
+/// why, and the task stays readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_over_the_payload_limit_fails_its_attempt_and_the_task_stays_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = node_options(dir.path());
+    opts.dispatcher.max_payload_bytes = 64 * 1024;
+    let node = start_node(opts).await;
+    let mut api = api(node.grpc_addr).await;
+    let mut worker = RawWorker::connect(node.grpc_addr, "big-output", &["echo"], 1).await;
+    let id = submit(&mut api, "echo", b"{}").await;
+    let a = worker
+        .next_assign(Duration::from_secs(10))
+        .await
+        .expect("an assignment");
+    worker.ack(&a).await;
+    wait_task_state(&api, &id, pb::TaskState::Running, Duration::from_secs(10)).await;
+    worker
+        .send(pb::connect_request::Message::Complete(pb::TaskComplete {
+            task_id: a.task_id.clone(),
+            execution_id: a.execution_id.clone(),
+            result: Some(pb::task_complete::Result::Success(pb::TaskSuccess {
+                output: Some(pb::Payload {
+                    data: vec![b'x'; 200 * 1024],
+                    content_type: "application/octet-stream".into(),
+                }),
+            })),
+        }))
+        .await;
+    let t = wait_task_state(&api, &id, pb::TaskState::Failed, Duration::from_secs(10)).await;
+    assert!(
+        t.error_message.contains("over the limit of 65536 bytes"),
+        "{}",
+        t.error_message
+    );
+    assert!(
+        t.output.is_none_or(|o| o.data.is_empty()),
+        "nothing of it was stored"
+    );
+    assert_eq!(t.attempts.len(), 1, "not retried: {:?}", t.attempts);
+    worker.close().await;
+    stop_node(node).await;
+}

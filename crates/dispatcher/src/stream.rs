@@ -484,10 +484,27 @@ pub(crate) async fn record_complete(
     let event = match done.result {
         Some(pb::task_complete::Result::Success(s)) => {
             let out = s.output.unwrap_or_default();
-            Event::Succeed {
-                execution_id: done.execution_id.clone(),
-                output: out.data,
-                content_type: out.content_type,
+            let limit = shared.opts.max_payload_bytes;
+            if out.data.len() > limit {
+                // Stored, it would make the task unreadable (GetTask and
+                // WatchTask answer within the message limit): the attempt
+                // fails instead, saying why; a retry would only repeat it.
+                Event::Fail {
+                    execution_id: done.execution_id.clone(),
+                    message: format!(
+                        "the handler's output of {} bytes is over the limit of {limit} bytes \
+                         (--max-payload-bytes); nothing of it was stored",
+                        out.data.len()
+                    ),
+                    retryable: false,
+                    jitter: rand::random::<f64>(),
+                }
+            } else {
+                Event::Succeed {
+                    execution_id: done.execution_id.clone(),
+                    output: out.data,
+                    content_type: out.content_type,
+                }
             }
         }
         Some(pb::task_complete::Result::Failure(f)) => Event::Fail {

@@ -49,6 +49,12 @@ pub(crate) fn scope<T>(request: &Request<T>, named: &str) -> Result<(Identity, S
     Ok((who, namespace))
 }
 
+/// The bytes a list page may fill: the message limit less room for the
+/// envelope and the page token.
+pub(crate) fn page_budget(max_message_bytes: usize) -> usize {
+    max_message_bytes.saturating_sub(16 * 1024).max(1)
+}
+
 /// Task `id` of `namespace`, or NOT_FOUND — also when it belongs to another
 /// namespace, so a caller learns nothing of tasks it may not see.
 async fn load_in(shared: &Shared, namespace: &str, id: &str) -> Result<TaskRecord, Error> {
@@ -301,9 +307,29 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             })
             .await
             .map_err(Error::from)?;
+        // A page is bounded in bytes as well as rows: it ends early (with a
+        // token to go on from) before its answer would pass the message
+        // limit, instead of failing to encode after all the work.
+        let budget = page_budget(self.shared.opts.max_message_bytes);
+        let mut tasks = Vec::with_capacity(page.tasks.len());
+        let mut size = 0;
+        let mut next_page_token = page.next_before_id.unwrap_or_default();
+        for t in &page.tasks {
+            let task = shown(&who, t);
+            let len = prost::Message::encoded_len(&task) + 8;
+            if !tasks.is_empty() && size + len > budget {
+                next_page_token = tasks
+                    .last()
+                    .map(|t: &pb::Task| t.task_id.clone())
+                    .unwrap_or_default();
+                break;
+            }
+            size += len;
+            tasks.push(task);
+        }
         Ok(Response::new(pb::ListTasksResponse {
-            tasks: page.tasks.iter().map(|t| shown(&who, t)).collect(),
-            next_page_token: page.next_before_id.unwrap_or_default(),
+            tasks,
+            next_page_token,
         }))
     }
 
