@@ -443,3 +443,64 @@ async fn list_pages_end_before_the_message_limit_and_lose_nothing() {
     assert_eq!(got, want, "every task exactly once over {pages} pages");
     stop_node(node).await;
 }
+
+/// Regression: a batch whose echoed tasks passed the message limit was
+/// committed and then failed to encode its answer (OUT_OF_RANGE), so a
+/// caller retrying without client_request_id made duplicates. Now the
+/// answer carries ids only and always arrives.
+#[tokio::test]
+async fn a_committed_batch_always_gets_its_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = node_options(dir.path());
+    opts.dispatcher.max_message_bytes = 512 * 1024;
+    opts.dispatcher.max_payload_bytes = 64 * 1024;
+    let node = start_node(opts).await;
+    let mut api = api(node.grpc_addr).await;
+    let payload = format!("\"{}\"", "x".repeat(50));
+    let tasks: Vec<pb::SubmitTaskRequest> = (0..3_000)
+        .map(|_| pb::SubmitTaskRequest {
+            handler: "nobody".into(),
+            payload: Some(pb::Payload {
+                data: payload.as_bytes().to_vec(),
+                content_type: "application/json".into(),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    let answer = api
+        .submit_tasks(pb::SubmitTasksRequest { tasks })
+        .await
+        .expect("the answer of a committed batch arrives")
+        .into_inner();
+    assert_eq!(answer.results.len(), 3_000);
+    let ids: std::collections::HashSet<String> = answer
+        .results
+        .iter()
+        .map(|r| {
+            let accepted = r.accepted.as_ref().expect("accepted");
+            assert!(accepted.task.is_none(), "ids only past the limit");
+            accepted.task_id.clone()
+        })
+        .collect();
+    assert_eq!(ids.len(), 3_000, "3,000 distinct tasks");
+    for id in ids.iter().take(3) {
+        assert_eq!(
+            get(&mut api, id).await.task_id,
+            *id,
+            "each id names a stored task"
+        );
+    }
+    // A small batch still echoes its tasks.
+    let small = api
+        .submit_tasks(pb::SubmitTasksRequest {
+            tasks: vec![pb::SubmitTaskRequest {
+                handler: "nobody".into(),
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(small.results[0].accepted.as_ref().unwrap().task.is_some());
+    stop_node(node).await;
+}

@@ -557,12 +557,25 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                 self.shared.scheduler.wake();
             }
         }
-        Ok(Response::new(pb::SubmitTasksResponse {
+        let mut answer = pb::SubmitTasksResponse {
             results: results
                 .into_iter()
                 .map(|r| r.unwrap_or_else(|| refused(Status::internal("entry left unanswered"))))
                 .collect(),
-        }))
+        };
+        // The tasks are committed: the answer must reach the caller, or a
+        // caller retrying without client_request_id makes duplicates. When
+        // echoing every task would pass the message limit, the answer
+        // carries ids (and codes) only.
+        let budget = page_budget(self.shared.opts.max_message_bytes);
+        if prost::Message::encoded_len(&answer) > budget {
+            for r in &mut answer.results {
+                if let Some(accepted) = &mut r.accepted {
+                    accepted.task = None;
+                }
+            }
+        }
+        Ok(Response::new(answer))
     }
 
     async fn create_schedule(
