@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use taskmesh::v1 as pb;
 use taskmesh_cli::node::RunningNode;
 use taskmesh_core::auth::{Role, new_token};
+use taskmesh_dispatcher::auth::Need;
 // Request and response bodies as bytes, untouched.
 use taskmesh_gateway::BytesCodec as RawCodec;
 use taskmesh_store::TaskFilter;
@@ -188,6 +189,22 @@ impl Fixture {
         &self.tokens.iter().find(|(r, _)| *r == role).unwrap().1
     }
 
+    /// Fails the test naming every wrong answer, or if the store is no
+    /// longer as `before`.
+    async fn assert_refused_and_unchanged(&self, failures: &[String], before: &Value) {
+        assert!(
+            failures.is_empty(),
+            "{} wrong answers:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+        assert_eq!(
+            self.snapshot().await,
+            *before,
+            "a refused call changed the store"
+        );
+    }
+
     /// Everything the calls could have changed, as the store holds it.
     async fn snapshot(&self) -> Value {
         let store = &self.node.store;
@@ -227,14 +244,6 @@ struct Rpc {
     shape: Shape,
     need: Need,
     request: Box<dyn Fn(&str) -> Bytes>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Need {
-    Read,
-    Write,
-    Work,
-    Admin,
 }
 
 fn enc(m: impl Message) -> Bytes {
@@ -732,17 +741,7 @@ async fn every_rpc_refuses_what_may_not_call_it_and_writes_nothing() {
             Code::NotFound,
         );
     }
-    assert!(
-        failures.is_empty(),
-        "{} wrong answers:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-    assert_eq!(
-        f.snapshot().await,
-        before,
-        "a refused call changed the store"
-    );
+    f.assert_refused_and_unchanged(&failures, &before).await;
     // Every refusal is counted by its reason (the counters are the
     // process's: other tests only add to them).
     let refused = refusals(&f).await;
@@ -960,17 +959,7 @@ async fn every_rest_route_refuses_what_may_not_call_it_and_writes_nothing() {
             want,
         );
     }
-    assert!(
-        failures.is_empty(),
-        "{} wrong answers:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-    assert_eq!(
-        f.snapshot().await,
-        before,
-        "a refused call changed the store"
-    );
+    f.assert_refused_and_unchanged(&failures, &before).await;
     // Health stays open; /metrics needs a token once the node is not
     // open-by-default (it is on loopback here: open).
     let health = rest_call(addr, &Method::GET, "/healthz", None, None).await;

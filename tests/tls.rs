@@ -113,6 +113,21 @@ fn rest_client(ca: &Ca) -> reqwest::Client {
         .unwrap()
 }
 
+/// `POST /api/tasks` over TLS to the REST port `http`, expecting 202; the
+/// new task's id.
+async fn submit_over_rest(rest: &reqwest::Client, http: u16) -> String {
+    let reply = rest
+        .post(format!("https://127.0.0.1:{http}/api/tasks"))
+        .header("content-type", "application/json")
+        .body(r#"{"handler":"echo"}"#)
+        .send()
+        .await
+        .expect("REST over TLS");
+    assert_eq!(reply.status(), reqwest::StatusCode::ACCEPTED);
+    let body: serde_json::Value = serde_json::from_str(&reply.text().await.unwrap()).unwrap();
+    body["taskId"].as_str().unwrap().to_string()
+}
+
 #[tokio::test]
 async fn both_ports_serve_tls_and_refuse_plaintext_and_other_cas() {
     let dir = tempfile::tempdir().unwrap();
@@ -144,14 +159,7 @@ async fn both_ports_serve_tls_and_refuse_plaintext_and_other_cas() {
     // REST over TLS; plain HTTP to it fails.
     let rest = rest_client(&ca1);
     let http = node.http_addr.port();
-    let reply = rest
-        .post(format!("https://127.0.0.1:{http}/api/tasks"))
-        .header("content-type", "application/json")
-        .body(r#"{"handler":"echo"}"#)
-        .send()
-        .await
-        .expect("REST over TLS");
-    assert_eq!(reply.status(), reqwest::StatusCode::ACCEPTED);
+    submit_over_rest(&rest, http).await;
     assert_eq!(
         list_over(&url, Some(&ca1), None).await,
         Ok(1),
@@ -194,19 +202,7 @@ async fn mutual_tls_on_the_grpc_port_needs_a_certificate_of_the_client_ca() {
 
     // The REST port asks for no certificate, and its gateway still reaches
     // the gRPC service.
-    let reply = rest_client(&ca1)
-        .post(format!(
-            "https://127.0.0.1:{}/api/tasks",
-            node.http_addr.port()
-        ))
-        .header("content-type", "application/json")
-        .body(r#"{"handler":"echo"}"#)
-        .send()
-        .await
-        .expect("REST over TLS");
-    assert_eq!(reply.status(), reqwest::StatusCode::ACCEPTED);
-    let body: serde_json::Value = serde_json::from_str(&reply.text().await.unwrap()).unwrap();
-    let id = body["taskId"].as_str().unwrap().to_string();
+    let id = submit_over_rest(&rest_client(&ca1), node.http_addr.port()).await;
     assert_eq!(list_over(&url, Some(&ca1), Some(good.clone())).await, Ok(1));
 
     // The Rust SDK's worker over mutual TLS runs it.

@@ -137,22 +137,20 @@ impl pb::admin_server::Admin for AdminService {
         }
         let store = &self.shared.store;
         // Another namespace's token is NOT_FOUND, as if it did not exist.
-        let record = store
+        let mut record = store
             .get_token(&id)
             .await
             .map_err(Error::from)?
             .filter(|t| who.namespace.as_ref().is_none_or(|ns| *ns == t.namespace))
             .ok_or_else(not_found)?;
         let now = self.shared.clock.now_millis();
-        store.revoke_token(&id, now).await.map_err(Error::from)?;
+        // False when it was revoked already: it keeps its first revocation.
+        if store.revoke_token(&id, now).await.map_err(Error::from)? {
+            record.revoked_at = Some(now);
+        }
         self.shared.auth.forget(&id);
         metrics::counter!(TOKENS_TOTAL, "op" => "revoke").increment(1);
         info!(token_id = %id, namespace = %record.namespace, by = %who.principal, "token revoked");
-        let record = store
-            .get_token(&id)
-            .await
-            .map_err(Error::from)?
-            .ok_or_else(not_found)?;
         Ok(Response::new(pb::RevokeTokenResponse {
             token: Some(token_to_pb(&record)),
         }))

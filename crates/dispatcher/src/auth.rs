@@ -372,8 +372,8 @@ where
                 req.extensions_mut().insert(Identity::open());
                 return inner.call(req).await;
             }
-            let path = req.uri().path().to_string();
-            let need = need_of(&path, auth.opts.open_reflection);
+            let path = req.uri().path();
+            let need = need_of(path, auth.opts.open_reflection);
             if need == Some(Need::Nothing) {
                 return inner.call(req).await;
             }

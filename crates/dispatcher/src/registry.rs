@@ -164,8 +164,9 @@ struct Inner {
     sessions: HashMap<String, Session>,
     /// execution id → session id.
     owners: HashMap<String, String>,
-    /// (namespace, handler) → the streams serving it.
-    pools: HashMap<PoolKey, Pool>,
+    /// namespace → handler → the streams serving it (two levels, so a
+    /// lookup from borrowed names allocates nothing: `reserve` runs per task).
+    pools: HashMap<String, HashMap<String, Pool>>,
     next_seq: u64,
 }
 
@@ -176,19 +177,32 @@ impl Inner {
             return;
         };
         let cand = s.candidate();
+        let Some(pools) = self.pools.get_mut(&s.reg.namespace) else {
+            return;
+        };
         for h in &s.reg.handlers {
-            if let Some(p) = self.pools.get_mut(&key(&s.reg.namespace, h)) {
+            if let Some(p) = pools.get_mut(h) {
                 p.update(cand);
             }
         }
     }
 
-    fn leave_pool(&mut self, pool: PoolKey, seq: u64) {
-        if let Some(p) = self.pools.get_mut(&pool) {
+    fn pool_mut(&mut self, namespace: &str, handler: &str) -> Option<&mut Pool> {
+        self.pools.get_mut(namespace)?.get_mut(handler)
+    }
+
+    fn leave_pool(&mut self, namespace: &str, handler: &str, seq: u64) {
+        let Some(pools) = self.pools.get_mut(namespace) else {
+            return;
+        };
+        if let Some(p) = pools.get_mut(handler) {
             p.remove(seq);
             if p.is_empty() {
-                self.pools.remove(&pool);
+                pools.remove(handler);
             }
+        }
+        if pools.is_empty() {
+            self.pools.remove(namespace);
         }
     }
 }
@@ -232,10 +246,13 @@ impl Registry {
         };
         let (cand, member) = (session.candidate(), session.member());
         let vnodes = inner.opts.hash_vnodes;
+        let pools = inner
+            .pools
+            .entry(session.reg.namespace.clone())
+            .or_default();
         for h in &session.reg.handlers {
-            inner
-                .pools
-                .entry(key(&session.reg.namespace, h))
+            pools
+                .entry(h.clone())
                 .or_insert_with(|| Pool::new(vnodes))
                 .insert(member.clone(), cand);
         }
@@ -251,7 +268,7 @@ impl Registry {
             return Vec::new();
         };
         for h in &session.reg.handlers {
-            inner.leave_pool(key(&session.reg.namespace, h), session.seq);
+            inner.leave_pool(&session.reg.namespace, h, session.seq);
         }
         let execs: Vec<String> = session.in_flight.into_iter().collect();
         for e in &execs {
@@ -350,8 +367,8 @@ impl Registry {
             return;
         };
         if s.reg.handlers.remove(handler) {
-            let (seq, pool) = (s.seq, key(&s.reg.namespace, handler));
-            inner.leave_pool(pool, seq);
+            let (seq, namespace) = (s.seq, s.reg.namespace.clone());
+            inner.leave_pool(&namespace, handler, seq);
         }
     }
 
@@ -384,9 +401,8 @@ impl Registry {
             .balancer
             .unwrap_or_else(|| inner.opts.strategy_for(&task.handler));
         let ring_key = hash::routing_key(&task.routing_key, &task.id);
-        let pool_key = key(&task.namespace, &task.handler);
         loop {
-            let pool = inner.pools.get_mut(&pool_key)?;
+            let pool = inner.pool_mut(&task.namespace, &task.handler)?;
             let i = pool.choose(strategy, &task.labels, ring_key)?;
             let member = pool.member(i)?;
             let session_id = member.session_id.to_string();

@@ -5,7 +5,7 @@
 //! the same way under the same names.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{LazyLock, RwLock};
 
 use taskmesh_core::{TaskRecord, TaskState, UnixMillis};
 
@@ -18,20 +18,34 @@ pub const MAX_HANDLER_LABELS: usize = 500;
 /// How many pairs are labelled, and the handlers labelled per namespace.
 type Labelled = (usize, HashMap<String, HashSet<String>>);
 
-/// The pairs labelled so far.
-static LABELLED: LazyLock<Mutex<Labelled>> = LazyLock::new(|| Mutex::new((0, HashMap::new())));
+/// The pairs labelled so far: read by every count, written once per pair.
+static LABELLED: LazyLock<RwLock<Labelled>> = LazyLock::new(|| RwLock::new((0, HashMap::new())));
+
+fn is_labelled(seen: &Labelled, namespace: &str, handler: &str) -> bool {
+    seen.1.get(namespace).is_some_and(|h| h.contains(handler))
+}
 
 /// The labels (namespace, handler) to record under: the pair itself while
 /// fewer than [`MAX_HANDLER_LABELS`] pairs have been seen, else `other`.
 pub fn labels(namespace: &str, handler: &str) -> (String, String) {
-    let mut guard = LABELLED.lock().unwrap_or_else(|e| e.into_inner());
+    let labelled = |seen: &Labelled| {
+        if is_labelled(seen, namespace, handler) {
+            Some((namespace.to_string(), handler.to_string()))
+        } else if seen.0 >= MAX_HANDLER_LABELS {
+            Some(("other".into(), "other".into()))
+        } else {
+            None
+        }
+    };
+    if let Some(known) = labelled(&LABELLED.read().unwrap_or_else(|e| e.into_inner())) {
+        return known;
+    }
+    let mut guard = LABELLED.write().unwrap_or_else(|e| e.into_inner());
+    // Another caller may have labelled it, or filled the cap, meanwhile.
+    if let Some(known) = labelled(&guard) {
+        return known;
+    }
     let (count, seen) = &mut *guard;
-    if seen.get(namespace).is_some_and(|h| h.contains(handler)) {
-        return (namespace.to_string(), handler.to_string());
-    }
-    if *count >= MAX_HANDLER_LABELS {
-        return ("other".into(), "other".into());
-    }
     seen.entry(namespace.to_string())
         .or_default()
         .insert(handler.to_string());
@@ -71,7 +85,7 @@ pub const FENCED_WRITES: &str = "taskmesh_fenced_writes_total";
 /// The namespace label of a figure about the namespace as a whole: the
 /// namespace once one of its handlers has a label of its own, else `other`.
 pub fn namespace_label(namespace: &str) -> String {
-    let guard = LABELLED.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = LABELLED.read().unwrap_or_else(|e| e.into_inner());
     if guard.1.contains_key(namespace) {
         namespace.to_string()
     } else {
