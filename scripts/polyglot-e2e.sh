@@ -36,6 +36,7 @@ done
 tmp="$(mktemp -d)"
 server_pid=""
 worker_pid=""
+receiver_pid=""
 passed=0
 failed=0
 
@@ -53,9 +54,10 @@ stop_process() { # pid name: SIGTERM, up to 10 s, then SIGKILL
 cleanup() {
   local code=$?
   stop_process "$worker_pid" "python worker"
+  stop_process "$receiver_pid" "callback receiver"
   stop_process "$server_pid" "taskmesh serve"
   if [ "$failed" -gt 0 ] || [ "$code" -ne 0 ]; then
-    for log in serve.log worker.log push-worker.log; do
+    for log in serve.log worker.log push-worker.log receiver.log; do
       [ -s "$tmp/$log" ] && { echo "--- last lines of $log"; tail -n 40 "$tmp/$log"; }
     done
   fi
@@ -120,6 +122,9 @@ export TASKMESH_TLS_CA="$tmp/pki/ca.crt"
 
 # Tokens travel in the environment only (never a flag `ps` would show).
 bootstrap="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
+# Callback keys, as during a rotation: the server signs with an old plain
+# key and a new Standard Webhooks one; the receiver knows only the new one.
+callback_key="whsec_$(head -c 24 /dev/urandom | base64)"
 client_token=""
 worker_token=""
 node_client() { TASKMESH_TOKEN="$client_token" node "$client" "$1" --server "$node_server" "${@:2}"; }
@@ -131,9 +136,11 @@ make_token() { # role: prints a new token of namespace default
 }
 
 echo "polyglot: taskmesh serve --auth over TLS on $server (data in $tmp/data)"
-TASKMESH_BOOTSTRAP_TOKEN="$bootstrap" NO_COLOR=1 "$bin" serve --auth --data-dir "$tmp/data" \
+TASKMESH_CALLBACK_SECRET="old-plain-key $callback_key" \
+  TASKMESH_BOOTSTRAP_TOKEN="$bootstrap" NO_COLOR=1 "$bin" serve --auth --data-dir "$tmp/data" \
   --grpc-addr "$server" --http-addr "127.0.0.1:$http_port" \
-  --tls-cert "$tmp/pki/server.crt" --tls-key "$tmp/pki/server.key" >"$tmp/serve.log" 2>&1 &
+  --tls-cert "$tmp/pki/server.crt" --tls-key "$tmp/pki/server.key" \
+  --egress-allow 127.0.0.1 >"$tmp/serve.log" 2>&1 &
 server_pid=$!
 
 # Health doubles as the readiness wait: check_server.py polls it until
@@ -246,6 +253,56 @@ push_cross_check() {
     '{"succeeded": 100, "results_accepted": 100, "results_refused": 0, "sessions": 1}'
 }
 check "python: the push-mode worker's own count matches the node client's tasks" push_cross_check
+
+# Callbacks to the Python receiver example (examples/python-worker/
+# callback_receiver.py): a cancelled task's callback arrives signed and
+# verifies; the same request replayed once its timestamp is older than the
+# receiver's tolerance (3 s here) is refused, and so is a changed body.
+receiver_port="$(free_port)"
+TASKMESH_CALLBACK_SECRET="$callback_key" "$py" "$worker_dir/callback_receiver.py" \
+  --port "$receiver_port" --tolerance 3 --log "$tmp/callbacks.jsonl" >"$tmp/receiver.log" 2>&1 &
+receiver_pid=$!
+rest() { # METHOD PATH [JSON]
+  curl -sS --fail-with-body --cacert "$TASKMESH_TLS_CA" -X "$1" \
+    -H "authorization: Bearer $client_token" -H 'content-type: application/json' \
+    "https://127.0.0.1:$http_port$2" ${3:+-d "$3"}
+}
+callback_id=""
+callback_verified() { grep -q "\"verified\": true.*$callback_id" "$tmp/callbacks.jsonl" 2>/dev/null; }
+signed_callback() {
+  wait_until 30 curl -s -o /dev/null "http://127.0.0.1:$receiver_port/" || { echo "the receiver did not start"; return 1; }
+  local answer
+  answer="$(rest POST /api/tasks "{\"handler\":\"py.echo\",\"delay\":\"3600s\",\"callbackUrl\":\"http://127.0.0.1:$receiver_port/hook\"}")" || return 1
+  callback_id="$("$py" -c 'import json,sys; print(json.load(sys.stdin)["taskId"])' <<<"$answer")"
+  rest POST "/api/tasks/$callback_id/cancel" '{}' >/dev/null || return 1
+  wait_until 30 callback_verified || { echo "no verified callback for $callback_id"; return 1; }
+  echo "callback of $callback_id verified by the python receiver (one of two signatures)"
+}
+check "python: the receiver example verifies a signed callback during a key rotation" signed_callback
+replay_refused() {
+  "$py" - "$tmp/callbacks.jsonl" "$receiver_port" "$callback_id" <<'PY'
+import json, sys, time, urllib.request, urllib.error
+log, port, task_id = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+first = next(json.loads(l) for l in open(log) if task_id in l and '"verified": true' in l)
+def post(headers, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/hook", data=body.encode(), method="POST")
+    for k in ("webhook-id", "webhook-timestamp", "webhook-signature", "content-type"):
+        req.add_header(k, headers[k])
+    try:
+        return urllib.request.urlopen(req, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+tampered = post(first["headers"], first["body"].replace("TASK_STATE_CANCELLED", "TASK_STATE_SUCCEEDED"))
+# The condition is the clock itself: wait until the timestamp is stale.
+deadline = int(first["headers"]["webhook-timestamp"]) + 3
+while time.time() <= deadline + 1:
+    time.sleep(0.2)
+replayed = post(first["headers"], first["body"])
+print(f"changed body answered {tampered}, replay after the tolerance answered {replayed}")
+sys.exit(0 if (tampered, replayed) == (401, 401) else 1)
+PY
+}
+check "python: the receiver refuses a changed body and a replay with an old timestamp" replay_refused
 
 echo "polyglot: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -2,7 +2,7 @@
 //! task to a receiver (a small axum server in the test) from the durable
 //! outbox. The receiver gets exactly one accepted delivery per terminal
 //! task, also when it answered 500 or was not listening for the first tries,
-//! and verifies the HMAC-SHA256 signature itself; the delivery state is
+//! and verifies the Standard Webhooks signature and timestamp itself; the delivery state is
 //! visible on the task over REST.
 
 use std::net::SocketAddr;
@@ -15,14 +15,17 @@ use taskmesh_testkit::callbacks::CallbackReceiver;
 use taskmesh_testkit::http::{Rest, state_of};
 use taskmesh_testkit::*;
 
-const SECRET: &str = "test-secret";
+/// The receiver's secret (Standard Webhooks form); the node signs with it
+/// and with an older key, as during a rotation.
+const SECRET: &str = "whsec_dGhlIG5ldyBjYWxsYmFjayBrZXkgb2YgdGhlIHRlc3Rz";
+const OLD_SECRET: &str = "the-old-plain-key";
 const LIMIT: Duration = Duration::from_secs(30);
 const DELIVERED: &str = "CALLBACK_STATE_DELIVERED";
 
 async fn node_with_callbacks(dir: &std::path::Path) -> taskmesh_cli::node::RunningNode {
     let mut opts = node_options(dir);
     opts.with_worker = Some(4);
-    opts.callbacks.secret = Some(SECRET.into());
+    opts.callbacks.secrets = vec![OLD_SECRET.into(), SECRET.into()];
     opts.callbacks.policy = CallbackPolicy {
         max_attempts: 20,
         backoff: RetryPolicy {

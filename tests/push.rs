@@ -183,7 +183,11 @@ async fn bad_input_to_the_push_rpcs_is_refused_and_changes_nothing() {
         ),
         (
             register(Some(good.clone()), "http://127.0.0.1"),
-            "no host and port",
+            "has no port",
+        ),
+        (
+            register(Some(good.clone()), "http://user:pw@127.0.0.1:7070"),
+            "carries credentials",
         ),
         (
             register(Some(good.clone()), "http://127.0.0.1:7070/run"),

@@ -1,6 +1,13 @@
 //! What a callback carries: the proto3 JSON of `taskmesh.v1.TaskCallback`
-//! built from the ended task, and its HMAC-SHA256 signature. A terminal
-//! task never changes, so every retry of a delivery sends the same bytes.
+//! built from the ended task, and its signatures in the Standard Webhooks
+//! scheme (<https://www.standardwebhooks.com>): `webhook-id` (the delivery
+//! id, equal on every retry), `webhook-timestamp` (Unix seconds of this
+//! try) and `webhook-signature`, one `v1,<base64 HMAC-SHA256>` per key over
+//! `id.timestamp.body`, space-separated, so a receiver that knows either
+//! the old or the new key verifies during a rotation. A terminal task never
+//! changes, so every retry of a delivery sends the same body; the
+//! timestamp, and so the signature, is the try's own, and receivers refuse
+//! old ones (a captured request cannot be replayed later).
 
 use hmac::{Hmac, Mac};
 use prost::Message;
@@ -12,9 +19,13 @@ use taskmesh_core::{CallbackJob, UnixMillis};
 use crate::Error;
 
 /// The header naming the delivery (equal on every retry).
-pub const DELIVERY_HEADER: &str = "taskmesh-delivery-id";
-/// The header carrying `sha256=<hex HMAC-SHA256(secret, body)>`.
-pub const SIGNATURE_HEADER: &str = "taskmesh-signature";
+pub const DELIVERY_HEADER: &str = "webhook-id";
+/// The header carrying the try's Unix time in seconds.
+pub const TIMESTAMP_HEADER: &str = "webhook-timestamp";
+/// The header carrying the signatures.
+pub const SIGNATURE_HEADER: &str = "webhook-signature";
+/// The prefix of a Standard Webhooks secret (base64 after it).
+pub const SECRET_PREFIX: &str = "whsec_";
 
 /// Encodes callback bodies; built once from the contract's descriptors.
 #[derive(Debug, Clone)]
@@ -74,13 +85,48 @@ pub fn message(job: &CallbackJob) -> pb::TaskCallback {
     }
 }
 
-/// `sha256=` and the lowercase hex HMAC-SHA256 of `body` under `secret`.
-pub fn signature(secret: &[u8], body: &[u8]) -> String {
+/// The signing key of a configured secret: `whsec_` and base64 (the
+/// Standard Webhooks form, what its libraries take) is decoded; any other
+/// text is used as its bytes.
+pub fn signing_key(secret: &str) -> Result<Vec<u8>, String> {
+    use base64::Engine as _;
+    let secret = secret.trim();
+    if secret.is_empty() {
+        return Err("a callback secret must not be empty".into());
+    }
+    match secret.strip_prefix(SECRET_PREFIX) {
+        Some(b64) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .ok()
+            .filter(|key| !key.is_empty())
+            .ok_or_else(|| "a callback secret starting whsec_ must be base64 after it".into()),
+        None => Ok(secret.as_bytes().to_vec()),
+    }
+}
+
+/// `v1,` and the base64 HMAC-SHA256 of `id.timestamp.body` under `key`.
+pub fn signature(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
+    use base64::Engine as _;
     // HMAC takes keys of any length; `new_from_slice` cannot fail for it.
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret)
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key)
         .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
     mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    )
+}
+
+/// The `webhook-signature` value: one signature per key, space-separated.
+pub fn signatures(keys: &[Vec<u8>], id: &str, timestamp: i64, body: &[u8]) -> String {
+    keys.iter()
+        .map(|key| signature(key, id, timestamp, body))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn timestamp(ms: UnixMillis) -> prost_types::Timestamp {
@@ -95,11 +141,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn signature_matches_rfc_4231_case_2() {
-        // RFC 4231, test case 2: key "Jefe", data "what do ya want for nothing?".
+    fn signature_matches_the_standard_webhooks_example() {
+        // The example of the Standard Webhooks reference libraries.
+        let key = signing_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let body = br#"{"test": 2432232314}"#;
         assert_eq!(
-            signature(b"Jefe", b"what do ya want for nothing?"),
-            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+            signature(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
+    }
+
+    #[test]
+    fn every_key_signs_and_bad_secrets_are_refused() {
+        let keys = vec![b"old".to_vec(), b"new".to_vec()];
+        let both = signatures(&keys, "id", 1, b"{}");
+        let parts: Vec<&str> = both.split(' ').collect();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0], signature(b"old", "id", 1, b"{}"));
+        assert_eq!(parts[1], signature(b"new", "id", 1, b"{}"));
+        assert_eq!(signing_key("plain").unwrap(), b"plain");
+        assert!(signing_key("").is_err());
+        assert!(signing_key("whsec_!!!").is_err());
+        assert!(signing_key("whsec_").is_err());
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use taskmesh_callbacks::{
-    CallbackOptions, DELIVERY_HEADER, Deliverer, SIGNATURE_HEADER, signature,
+    CallbackOptions, DELIVERY_HEADER, Deliverer, SIGNATURE_HEADER, TIMESTAMP_HEADER, signature,
 };
 use taskmesh_core::{
     CallbackPolicy, CallbackState, Clock, Event, FakeClock, RetryPolicy, TaskRecord,
@@ -25,7 +25,8 @@ async fn start_receiver(script: &[u16]) -> CallbackReceiver {
 
 fn options(secret: Option<&str>, max_attempts: u32) -> CallbackOptions {
     CallbackOptions {
-        secret: secret.map(str::to_string),
+        secrets: secret.map(str::to_string).into_iter().collect(),
+        egress: taskmesh_core::egress::EgressPolicy::allowing_loopback(),
         policy: CallbackPolicy {
             max_attempts,
             backoff: RetryPolicy {
@@ -136,9 +137,22 @@ async fn refused_then_accepted_signed_once_per_try() {
         assert_eq!(body, &seen[0].body, "every try sends the same bytes");
         assert_eq!(headers[DELIVERY_HEADER], entry.delivery_id.as_str());
         assert_eq!(headers["content-type"], "application/json");
+        // The try's own time (the fake clock's, in seconds), signed with
+        // id and body.
+        let timestamp = headers[TIMESTAMP_HEADER].to_str().unwrap();
+        let seconds: i64 = timestamp.parse().unwrap();
+        assert!(
+            (T0 / 1_000..=clock.now_millis() / 1_000).contains(&seconds),
+            "timestamp {seconds} is the clock's"
+        );
         assert_eq!(
             headers[SIGNATURE_HEADER].to_str().unwrap(),
-            signature(b"s3cret", body)
+            signature(
+                b"s3cret",
+                &entry.delivery_id,
+                timestamp.parse().unwrap(),
+                body
+            )
         );
     }
     let json = seen[0].json();
@@ -173,10 +187,9 @@ async fn an_absent_receiver_is_retried_then_given_up_unsigned() {
         .callback
         .unwrap();
     assert_eq!((entry.state, entry.attempts), (CallbackState::Pending, 1));
-    assert!(
-        entry.last_error.contains("onnect"),
-        "a transport error names the cause: {}",
-        entry.last_error
+    assert_eq!(
+        entry.last_error, "connect failed",
+        "a transport error is stored as its class (the detail is logged)"
     );
 
     // Now the receiver is up on that port, but it refuses: the last try.

@@ -23,9 +23,17 @@ pub const BALANCER_DEFAULT: &str = "TASKMESH_BALANCER_DEFAULT";
 pub const HASH_VNODES: &str = "TASKMESH_HASH_VNODES";
 /// Largest REST request body, in bytes (`serve`).
 pub const MAX_BODY_BYTES: &str = "TASKMESH_MAX_BODY_BYTES";
-/// Key of the HMAC-SHA256 signature on callbacks (`serve`); unset sends them
-/// unsigned. Prefer this variable to the flag, which other users can see.
+/// Callback signing secrets (`serve`; environment only, no flag): one or
+/// more, separated by white space, each `whsec_` + base64 (the Standard
+/// Webhooks form) or plain text; every one signs. Unset sends callbacks
+/// unsigned.
 pub const CALLBACK_SECRET: &str = "TASKMESH_CALLBACK_SECRET";
+/// Callback POSTs in flight at once (`serve`).
+pub const CALLBACK_CONCURRENCY: &str = "TASKMESH_CALLBACK_CONCURRENCY";
+/// Callback POSTs in flight at once to one receiver (`serve`).
+pub const CALLBACK_PER_HOST: &str = "TASKMESH_CALLBACK_PER_HOST";
+/// Non-public ranges callbacks and push addresses may use (`serve`).
+pub const EGRESS_ALLOW: &str = "TASKMESH_EGRESS_ALLOW";
 /// Tries per callback before it is given up (`serve`).
 pub const CALLBACK_MAX_ATTEMPTS: &str = "TASKMESH_CALLBACK_MAX_ATTEMPTS";
 /// Server address(es) for clients and workers, comma-separated.

@@ -110,11 +110,23 @@ struct ServeArgs {
     /// Largest REST request body, in bytes; larger ones are refused with 413.
     #[arg(long, env = env::MAX_BODY_BYTES, default_value_t = 4 * 1024 * 1024)]
     max_body_bytes: usize,
-    /// Key of the HMAC-SHA256 signature sent with callbacks (header
-    /// Taskmesh-Signature); unset sends them unsigned. Prefer the variable.
-    #[arg(long, env = env::CALLBACK_SECRET, hide_env_values = true)]
-    callback_secret: Option<String>,
+    /// Addresses callbacks and push workers may use beyond public ones, as
+    /// CIDR ranges or single addresses (repeat the flag or separate with
+    /// commas), e.g. 10.0.0.0/8,127.0.0.1. Loopback, private, link-local
+    /// and other non-public ranges are refused unless listed (`dev` allows
+    /// loopback).
+    #[arg(long, env = env::EGRESS_ALLOW, value_name = "CIDR", value_delimiter = ',', value_parser = taskmesh_core::egress::parse_net)]
+    egress_allow: Vec<ipnet::IpNet>,
+    /// Callback POSTs in flight at once.
+    #[arg(long, env = env::CALLBACK_CONCURRENCY, default_value_t = 64)]
+    callback_concurrency: usize,
+    /// Callback POSTs in flight at once to one receiver (scheme://host:port),
+    /// so a slow receiver cannot hold up the others.
+    #[arg(long, env = env::CALLBACK_PER_HOST, default_value_t = 8)]
+    callback_per_host: usize,
     /// Tries per callback (the first included) before it is given up.
+    /// Callbacks are signed (Standard Webhooks) with the keys in
+    /// TASKMESH_CALLBACK_SECRET, environment only, space-separated.
     #[arg(long, env = env::CALLBACK_MAX_ATTEMPTS, default_value_t = 15)]
     callback_max_attempts: u32,
     /// Database of the store for cluster mode: Postgres
@@ -286,7 +298,20 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
         hash_vnodes: args.hash_vnodes,
     };
     opts.max_body_bytes = args.max_body_bytes;
-    opts.callbacks.secret = args.callback_secret;
+    // Signing secrets come from the environment only (flags show in `ps`);
+    // several, separated by white space, all sign (key rotation).
+    opts.callbacks.secrets = std::env::var(env::CALLBACK_SECRET)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    opts.callbacks.concurrency = args.callback_concurrency;
+    opts.callbacks.per_host = args.callback_per_host;
+    let mut allow = args.egress_allow;
+    if dev {
+        allow.extend(taskmesh_core::egress::loopback_nets());
+    }
+    opts.egress = taskmesh_core::egress::EgressPolicy::allowing(allow);
     opts.callbacks.policy.max_attempts = args.callback_max_attempts;
     opts.database_url = args.database_url;
     // Dev is open on loopback, always; serve only when asked.

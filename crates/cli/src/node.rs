@@ -11,6 +11,7 @@ use anyhow::Context;
 use taskmesh_callbacks::{CallbackOptions, Deliverer};
 use taskmesh_coord::{Coordinator, LocalCoordinator, RedisCoordinator, RedisOptions, TokenFloor};
 use taskmesh_core::breaker::{BreakerOptions, Breakers};
+use taskmesh_core::egress::EgressPolicy;
 use taskmesh_core::{Clock, SystemClock};
 use taskmesh_dispatcher::{DispatchStats, Dispatcher, DispatcherOptions};
 use taskmesh_gateway::{Gateway, GatewayOptions, Readiness};
@@ -60,6 +61,9 @@ pub struct NodeOptions {
     pub tls: Option<crate::tls::TlsFiles>,
     /// How often the TLS files are checked for changes.
     pub tls_reload_interval: Duration,
+    /// Where callbacks and push workers' addresses may point (copied into
+    /// the dispatcher's and the deliverer's options at start).
+    pub egress: EgressPolicy,
 }
 
 impl NodeOptions {
@@ -80,6 +84,7 @@ impl NodeOptions {
             open_metrics: None,
             tls: None,
             tls_reload_interval: Duration::from_secs(2),
+            egress: EgressPolicy::public_only(),
         }
     }
 
@@ -150,9 +155,16 @@ impl NodeOptions {
             c.lease,
             c.request_timeout
         );
+        for secret in &c.secrets {
+            taskmesh_callbacks::signing_key(secret).map_err(|e| {
+                anyhow::anyhow!(
+                    "{e} (leave TASKMESH_CALLBACK_SECRET unset to send unsigned callbacks)"
+                )
+            })?;
+        }
         anyhow::ensure!(
-            c.secret.as_deref() != Some(""),
-            "the callback secret must not be empty (leave it unset to send unsigned callbacks)"
+            c.concurrency > 0 && c.per_host > 0,
+            "callback concurrency and per-receiver limit must be above zero"
         );
         Ok(())
     }
@@ -355,8 +367,10 @@ pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
         breakers.clone(),
         reaped_tx,
     );
+    let mut dispatcher_opts = opts.dispatcher.clone();
+    dispatcher_opts.egress = opts.egress.clone();
     let dispatcher = Dispatcher::build(
-        opts.dispatcher.clone(),
+        dispatcher_opts,
         store.clone(),
         coord.clone(),
         clock.clone(),
@@ -419,7 +433,9 @@ pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
             .unwrap_or(opts.http_addr.ip().is_loopback())
             || !opts.dispatcher.auth.enabled,
     ));
-    let deliverer = Deliverer::build(opts.callbacks.clone(), store.clone(), clock.clone())
+    let mut callback_opts = opts.callbacks.clone();
+    callback_opts.egress = opts.egress.clone();
+    let deliverer = Deliverer::build(callback_opts, store.clone(), clock.clone())
         .context("building the callback deliverer")?;
 
     let mut tasks = Vec::new();

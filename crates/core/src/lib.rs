@@ -11,6 +11,7 @@ pub mod auth;
 pub mod breaker;
 pub mod callback;
 pub mod clock;
+pub mod egress;
 pub mod error;
 pub mod id;
 pub mod retry;

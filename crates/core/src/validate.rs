@@ -1,6 +1,8 @@
 //! Input rules shared by every front door, so gRPC and REST refuse the same
 //! requests with the same words.
 
+use crate::egress::{EgressError, EgressPolicy};
+
 /// Longest handler name.
 pub const MAX_HANDLER_LEN: usize = 128;
 /// Longest label key or value, routing key, client request id or worker id.
@@ -90,27 +92,24 @@ pub fn labels<'a>(
     Ok(())
 }
 
-/// Checks a callback URL: empty, or an absolute http(s) URL.
-pub fn callback_url(url: &str) -> Result<(), String> {
+/// Checks a callback URL: empty, or an absolute http(s) URL without
+/// credentials whose literal host `egress` allows (names are checked again
+/// when the callback is delivered, after resolution).
+pub fn callback_url(url: &str, egress: &EgressPolicy) -> Result<(), String> {
     if url.is_empty() {
         return Ok(());
     }
     if url.len() > MAX_URL_LEN {
         return Err(format!("callback_url is longer than {MAX_URL_LEN} bytes"));
     }
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"));
-    match rest {
-        Some(host)
-            if !host.is_empty() && !host.starts_with('/') && !url.contains(char::is_whitespace) =>
-        {
-            Ok(())
-        }
-        _ => Err(format!(
-            "callback_url {url:?} must be an absolute http:// or https:// URL"
-        )),
+    if url.contains(char::is_whitespace) {
+        return Err(format!("callback_url {url:?} must not contain white space"));
     }
+    egress.check_url(url).map_err(|e| match e {
+        // The URL is not echoed: it holds a secret.
+        EgressError::Credentials => format!("callback_url {e}"),
+        e => format!("callback_url {url:?} {e}"),
+    })
 }
 
 #[cfg(test)]
@@ -129,17 +128,24 @@ mod tests {
 
     #[test]
     fn callback_urls() {
-        assert!(callback_url("").is_ok());
-        assert!(callback_url("http://127.0.0.1:9/cb").is_ok());
-        assert!(callback_url("https://example.com/x").is_ok());
+        let open = EgressPolicy::allowing_loopback();
+        let strict = EgressPolicy::public_only();
+        assert!(callback_url("", &strict).is_ok());
+        assert!(callback_url("http://127.0.0.1:9/cb", &open).is_ok());
+        assert!(callback_url("http://127.0.0.1:9/cb", &strict).is_err());
+        assert!(callback_url("https://example.com/x", &strict).is_ok());
         for bad in [
             "ftp://x",
             "http://",
             "http:///x",
             "example.com",
             "http://a b",
+            "http://u:p@example.com/",
         ] {
-            assert!(callback_url(bad).is_err(), "{bad:?} should be refused");
+            assert!(
+                callback_url(bad, &open).is_err(),
+                "{bad:?} should be refused"
+            );
         }
     }
 

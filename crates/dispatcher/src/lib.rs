@@ -88,6 +88,8 @@ pub struct DispatcherOptions {
     pub gauge_interval: Duration,
     /// Authentication: tokens, the bootstrap token, what stays open.
     pub auth: auth::AuthOptions,
+    /// Where callback URLs and push addresses may point.
+    pub egress: taskmesh_core::egress::EgressPolicy,
 }
 
 impl Default for DispatcherOptions {
@@ -110,6 +112,7 @@ impl Default for DispatcherOptions {
                 cache_ttl: Duration::from_secs(5),
                 ..auth::AuthOptions::default()
             },
+            egress: taskmesh_core::egress::EgressPolicy::public_only(),
         }
     }
 }

@@ -35,6 +35,7 @@ use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+mod connect;
 mod link;
 
 use crate::auth::Identity;
@@ -139,7 +140,33 @@ pub(crate) async fn register(
         .registration
         .ok_or_else(|| Status::invalid_argument("registration is required"))?;
     stream::validate_registration(&reg)?;
-    validate_address(&req.address)?;
+    let (host, port) = validate_address(&req.address)?;
+    // The policy first, before anything is dialled: an address it refuses
+    // is the caller's mistake (or a probe of this server's network).
+    let egress = std::sync::Arc::new(shared.opts.egress.clone());
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect::resolve(&egress, &host, port)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(connect::ConnectError::Refused(err))) => {
+            return Err(Status::invalid_argument(format!(
+                "address {:?} {err}",
+                req.address
+            )));
+        }
+        Ok(Err(connect::ConnectError::Io(err))) => {
+            return Err(crate::error::opaque(
+                tonic::Code::FailedPrecondition,
+                &format!("cannot resolve the host of address {:?}", req.address),
+                &err,
+            ));
+        }
+        Err(_) => {
+            return Err(Status::failed_precondition(format!(
+                "cannot resolve the host of address {:?} within {} ms",
+                req.address,
+                CONNECT_TIMEOUT.as_millis()
+            )));
+        }
+    }
     let bearer = server_secret(&req.server_secret)?;
     let namespace = who.namespace_for(&reg.namespace)?;
     stream::claim_worker_id(shared, who, &reg.worker_id).await?;
@@ -191,11 +218,9 @@ pub(crate) async fn register(
         .await;
     }
 
-    let channel = Endpoint::from_shared(req.address.clone())
-        .map_err(|e| Status::invalid_argument(format!("address {:?}: {e}", req.address)))?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true)
-        .connect_lazy();
+    let endpoint = Endpoint::from_shared(req.address.clone())
+        .map_err(|e| Status::invalid_argument(format!("address {:?}: {e}", req.address)))?;
+    let channel = connect::channel(endpoint, egress, CONNECT_TIMEOUT);
     let max = shared.opts.max_message_bytes;
     let client = WorkerClient::with_interceptor(channel, bearer)
         .max_decoding_message_size(max)
@@ -303,17 +328,23 @@ async fn first_probe(
     address: &str,
 ) -> Result<WorkerLoad, Status> {
     let limit = shared.opts.heartbeat_interval.max(CONNECT_TIMEOUT);
+    // What failed stays in the server log: the caller learns that no
+    // taskmesh worker answered, not what did (a refused port, an SSH
+    // banner, a web server), so registrations cannot scan this network.
     let p = match tokio::time::timeout(limit, client.clone().probe(pb::ProbeRequest {})).await {
         Ok(Ok(p)) => p.into_inner(),
         Ok(Err(status)) => {
-            return Err(Status::failed_precondition(format!(
-                "cannot call Worker.Probe at {address}: {} (is the address one this server can reach?)",
-                status.message()
-            )));
+            return Err(crate::error::opaque(
+                tonic::Code::FailedPrecondition,
+                &format!(
+                    "no taskmesh worker answered Worker.Probe at {address} (is the address one this server can reach?)"
+                ),
+                &status,
+            ));
         }
         Err(_) => {
             return Err(Status::failed_precondition(format!(
-                "no answer to Worker.Probe at {address} within {} ms",
+                "no taskmesh worker answered Worker.Probe at {address} within {} ms",
                 limit.as_millis()
             )));
         }
@@ -448,7 +479,8 @@ fn unknown_session(session_id: &str) -> Status {
     ))
 }
 
-fn validate_address(address: &str) -> Result<(), Status> {
+/// Checks a push address and returns its host and port.
+fn validate_address(address: &str) -> Result<(String, u16), Status> {
     let bad = |why: &str| {
         Err(Status::invalid_argument(format!(
             "address must be an http:// URL with a host and port where the worker serves taskmesh.v1.Worker, e.g. \"http://10.0.0.7:7070\"; {address:?} {why}"
@@ -468,14 +500,18 @@ fn validate_address(address: &str) -> Result<(), Status> {
         Some("https") => return bad("uses https, which this server cannot call yet (no TLS)"),
         _ => return bad("has no http:// scheme"),
     }
-    match uri.authority() {
-        Some(a) if !a.host().is_empty() && a.port_u16().is_some() => {}
+    let (host, port) = match uri.authority() {
+        Some(a) if a.as_str().contains('@') => return bad("carries credentials"),
+        Some(a) if !a.host().is_empty() => match a.port_u16() {
+            Some(port) => (a.host().to_string(), port),
+            None => return bad("has no port"),
+        },
         _ => return bad("has no host and port"),
-    }
+    };
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
         return bad("has a path or query");
     }
-    Ok(())
+    Ok((host, port))
 }
 
 /// Removes a push session (once) and takes back its attempts.

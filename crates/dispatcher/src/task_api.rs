@@ -109,7 +109,7 @@ fn new_task(
     validate::labels("labels", req.labels.iter()).map_err(invalid)?;
     validate::short_text("routing_key", &req.routing_key).map_err(invalid)?;
     validate::short_text("client_request_id", &req.client_request_id).map_err(invalid)?;
-    validate::callback_url(&req.callback_url).map_err(invalid)?;
+    validate::callback_url(&req.callback_url, &shared.opts.egress).map_err(invalid)?;
 
     let retry = retry_policy(req.retry_policy)?;
     let timeout_ms = match &req.timeout {

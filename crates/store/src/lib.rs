@@ -199,6 +199,10 @@ pub trait Store: Send + Sync + 'static {
         now: UnixMillis,
     ) -> Result<bool>;
 
+    /// Moves claimed PENDING entries to be due at `at` without counting a
+    /// try (the deliverer had no room for them now).
+    async fn postpone_callbacks(&self, delivery_ids: &[&str], at: UnixMillis) -> Result<()>;
+
     /// The earliest `next_attempt_at` of any PENDING callback, if any.
     async fn next_callback_at(&self) -> Result<Option<UnixMillis>>;
 

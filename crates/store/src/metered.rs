@@ -157,6 +157,14 @@ impl<S: Store> Store for Metered<S> {
         .await
     }
 
+    async fn postpone_callbacks(&self, delivery_ids: &[&str], at: UnixMillis) -> Result<()> {
+        timed(
+            "postpone_callbacks",
+            self.inner.postpone_callbacks(delivery_ids, at),
+        )
+        .await
+    }
+
     async fn next_callback_at(&self) -> Result<Option<UnixMillis>> {
         timed("next_callback_at", self.inner.next_callback_at()).await
     }

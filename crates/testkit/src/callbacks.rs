@@ -1,8 +1,10 @@
 //! A scripted callback receiver: a real axum server on loopback that
 //! answers each delivery with the next scripted status (then 200), records
-//! every request, and checks each as a receiver would (the HMAC-SHA256
-//! signature when it knows the secret, the delivery id in the body against
-//! the header). What does not match is recorded, not asserted inside the
+//! every request, and checks each as a receiver would (when it knows the
+//! secret: a Standard Webhooks signature over id, timestamp and body, and
+//! a timestamp no more than five minutes from its own clock; always: the
+//! delivery id in the body against the header). It verifies with its own
+//! code, not the deliverer's. What does not match is recorded, not asserted inside the
 //! handler (a panic there would only drop a connection): the test asserts
 //! [`CallbackReceiver::mismatches`] is empty.
 
@@ -159,18 +161,9 @@ fn answer(s: &Script, headers: &HeaderMap, body: &Bytes) -> StatusCode {
     let mismatch = |what: String| {
         s.mismatches.lock().unwrap().push(what);
     };
-    if let Some(secret) = &s.secret {
-        // Verify as a receiver would: HMAC-SHA256 of the raw body.
-        let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-        mac.update(body);
-        let want = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
-        let given = headers
-            .get(taskmesh_callbacks::SIGNATURE_HEADER)
-            .and_then(|v| v.to_str().ok());
-        if given != Some(want.as_str()) {
-            mismatch(format!("signature {given:?}, want {want:?}"));
-            return StatusCode::UNAUTHORIZED;
-        }
+    if let Some(Err(why)) = s.secret.as_ref().map(|key| verify(key, headers, body)) {
+        mismatch(why);
+        return StatusCode::UNAUTHORIZED;
     }
     let delivery = headers
         .get(taskmesh_callbacks::DELIVERY_HEADER)
@@ -185,4 +178,50 @@ fn answer(s: &Script, headers: &HeaderMap, body: &Bytes) -> StatusCode {
     }
     let next = s.statuses.lock().unwrap().pop_front().unwrap_or(200);
     StatusCode::from_u16(next).unwrap()
+}
+
+/// Longest a receiver accepts between a delivery's timestamp and its own
+/// clock (the Standard Webhooks reference libraries' tolerance).
+pub const TIMESTAMP_TOLERANCE_S: i64 = 300;
+
+/// Verifies a delivery as a Standard Webhooks receiver would: some
+/// `v1,` signature in `webhook-signature` is the base64 HMAC-SHA256 of
+/// `id.timestamp.body` under the secret (`whsec_` + base64, or its bytes),
+/// and the timestamp is within [`TIMESTAMP_TOLERANCE_S`] of now.
+pub fn verify(secret: &str, headers: &HeaderMap, body: &[u8]) -> Result<(), String> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| format!("no {name} header"))
+    };
+    let id = header("webhook-id")?;
+    let timestamp = header("webhook-timestamp")?;
+    let seconds: i64 = timestamp
+        .parse()
+        .map_err(|_| format!("webhook-timestamp {timestamp:?} is not a number"))?;
+    let now = crate::now_ms() / 1_000;
+    if (now - seconds).abs() > TIMESTAMP_TOLERANCE_S {
+        return Err(format!(
+            "webhook-timestamp {seconds} is too far from now ({now})"
+        ));
+    }
+    let key = match secret.strip_prefix("whsec_") {
+        Some(rest) => b64
+            .decode(rest)
+            .map_err(|e| format!("bad test secret: {e}"))?,
+        None => secret.as_bytes().to_vec(),
+    };
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    let want = format!("v1,{}", b64.encode(mac.finalize().into_bytes()));
+    let given = header("webhook-signature")?;
+    if given.split(' ').any(|sig| sig == want) {
+        Ok(())
+    } else {
+        Err(format!("signatures {given:?}, none is {want:?}"))
+    }
 }

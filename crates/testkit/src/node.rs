@@ -20,6 +20,8 @@ pub fn node_options(dir: &Path) -> NodeOptions {
     opts.data_dir = dir.to_path_buf();
     opts.grpc_addr = ([127, 0, 0, 1], 0).into();
     opts.http_addr = ([127, 0, 0, 1], 0).into();
+    // Receivers and push workers of tests listen on loopback.
+    opts.egress = taskmesh_core::egress::EgressPolicy::allowing_loopback();
     opts
 }
 

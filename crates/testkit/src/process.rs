@@ -168,6 +168,8 @@ pub async fn spawn_server(
             .arg(format!("127.0.0.1:{grpc}"))
             .arg("--http-addr")
             .arg(format!("127.0.0.1:{http}"))
+            // Receivers and push workers of tests listen on loopback.
+            .args(["--egress-allow", "127.0.0.0/8,::1"])
             .args(extra)
             .env_remove("TASKMESH_SERVER")
             .stdout(Stdio::null())

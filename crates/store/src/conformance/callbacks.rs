@@ -170,6 +170,31 @@ pub async fn callback_claims_lease_and_outcomes(fixture: &dyn StoreFixture) {
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].delivery.delivery_id, second);
     assert_eq!(jobs[0].delivery.attempts, 0);
+    // Postponed (no room for it now): due later, no try counted.
+    store
+        .postpone_callbacks(&[second.as_str()], T0 + 2_000)
+        .await
+        .expect("postpone");
+    assert!(
+        store
+            .claim_callbacks(T0 + 1_999, 10, 10_000)
+            .await
+            .expect("claim")
+            .is_empty(),
+        "not due before the postponed time"
+    );
+    let jobs = store
+        .claim_callbacks(T0 + 2_000, 10, 10_000)
+        .await
+        .expect("claim");
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(
+        (
+            jobs[0].delivery.delivery_id.as_str(),
+            jobs[0].delivery.attempts
+        ),
+        (second.as_str(), 0)
+    );
 
     let jobs = store
         .claim_callbacks(T0 + 5_000, 10, 1_000)

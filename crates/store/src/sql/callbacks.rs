@@ -92,6 +92,25 @@ impl<B: Backend> SqlStore<B> {
             .collect()
     }
 
+    /// `Store::postpone_callbacks`: the lease statement, with `at` as the
+    /// new due time.
+    pub(super) async fn cb_postpone(&self, delivery_ids: &[&str], at: UnixMillis) -> Result<()> {
+        if delivery_ids.is_empty() {
+            return Ok(());
+        }
+        let b = self.backend();
+        let mut tx = b.begin_write().await?;
+        for list in in_lists(delivery_ids) {
+            let n = list.len();
+            let mut values = args![at];
+            values.extend(list.iter().map(|id| (*id).into()));
+            b.exec(&mut tx, b.sql().lease_callbacks.get(n), values)
+                .await?;
+        }
+        b.commit(tx).await?;
+        Ok(())
+    }
+
     /// `Store::finish_callback`: records one try; only a PENDING entry
     /// changes.
     pub(super) async fn cb_finish(

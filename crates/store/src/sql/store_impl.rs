@@ -131,6 +131,10 @@ impl<B: Backend> Store for SqlStore<B> {
         self.cb_finish(delivery_id, outcome, now).await
     }
 
+    async fn postpone_callbacks(&self, delivery_ids: &[&str], at: UnixMillis) -> Result<()> {
+        self.cb_postpone(delivery_ids, at).await
+    }
+
     async fn next_callback_at(&self) -> Result<Option<UnixMillis>> {
         self.read_instant(&self.sql().next_callback).await
     }
