@@ -209,10 +209,18 @@ async fn requests_without_a_body_hold_no_slot_and_are_answered_in_time() {
     let mut api = api(node.grpc_addr).await;
     let id = submit(&mut api, "echo", b"{}").await;
 
-    // Far more bodiless requests than there are slots.
-    let pending = bodiless_requests(node.grpc_addr, 64).await;
-    // Other calls all get through meanwhile (20 sequential, a bounded loop).
-    for _ in 0..20 {
+    // Far more bodiless requests than there are slots: 1,000 on four
+    // connections (each at most its 256 streams).
+    let mut pending = Vec::new();
+    for _ in 0..4 {
+        pending.extend(bodiless_requests(node.grpc_addr, 250).await);
+    }
+    // Other calls on both ports all get through meanwhile, fast (100 each,
+    // a bounded loop).
+    let rest = taskmesh_testkit::http::Rest::new(node.http_addr);
+    let mut latencies = Vec::new();
+    for _ in 0..100 {
+        let started = std::time::Instant::now();
         let t = api
             .get_task(pb::GetTaskRequest {
                 task_id: id.clone(),
@@ -221,7 +229,18 @@ async fn requests_without_a_body_hold_no_slot_and_are_answered_in_time() {
             .await
             .expect("a bodiless flood holds no slot");
         assert_eq!(t.into_inner().task.unwrap().task_id, id);
+        latencies.push(started.elapsed());
+        let started = std::time::Instant::now();
+        let reply = rest
+            .call(reqwest::Method::GET, &format!("/api/tasks/{id}"), None)
+            .await;
+        assert_eq!(reply.status.as_u16(), 200, "{:?}", reply.json);
+        latencies.push(started.elapsed());
     }
+    latencies.sort();
+    let p99 = latencies[latencies.len() * 99 / 100];
+    println!("other calls' p99 during 1,000 bodiless requests: {p99:?}");
+    assert!(p99 < Duration::from_millis(100), "p99 {p99:?}");
     // Each bodiless request is answered, DEADLINE_EXCEEDED, once its body
     // timeout passed (all within the limit).
     for (response, _send) in pending {

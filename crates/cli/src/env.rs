@@ -23,6 +23,12 @@ pub const BALANCER_DEFAULT: &str = "TASKMESH_BALANCER_DEFAULT";
 pub const HASH_VNODES: &str = "TASKMESH_HASH_VNODES";
 /// Largest REST request body, in bytes (`serve`).
 pub const MAX_BODY_BYTES: &str = "TASKMESH_MAX_BODY_BYTES";
+/// Open connections per port (`serve`).
+pub const MAX_CONNECTIONS: &str = "TASKMESH_MAX_CONNECTIONS";
+/// Open connections per port from one client address (`serve`).
+pub const MAX_CONNECTIONS_PER_PEER: &str = "TASKMESH_MAX_CONNECTIONS_PER_PEER";
+/// First bytes of a connection and a REST request's headers (`serve`).
+pub const HEADER_READ_TIMEOUT: &str = "TASKMESH_HEADER_READ_TIMEOUT";
 /// Callback signing secrets (`serve`; environment only, no flag): one or
 /// more, separated by white space, each `whsec_` + base64 (the Standard
 /// Webhooks form) or plain text; every one signs. Unset sends callbacks

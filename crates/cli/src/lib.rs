@@ -5,6 +5,7 @@
 //! Architecture invariant: no business rule lives here; this crate only
 //! builds components from options and connects their handles.
 
+pub mod conn;
 pub mod env;
 pub mod node;
 pub mod telemetry;

@@ -81,9 +81,19 @@ struct ServeArgs {
     /// DEADLINE_EXCEEDED); until it has, it takes none of the slots above.
     #[arg(long, env = env::REQUEST_BODY_TIMEOUT, default_value = "10s", value_parser = humantime::parse_duration)]
     request_body_timeout: Duration,
-    /// HTTP/2 streams one gRPC connection may have open at once.
+    /// HTTP/2 streams one connection (either port) may have open at once.
     #[arg(long, env = env::MAX_STREAMS_PER_CONNECTION, default_value_t = 256)]
     max_streams_per_connection: u32,
+    /// Open connections per port; more are closed as they arrive.
+    #[arg(long, env = env::MAX_CONNECTIONS, default_value_t = 4096)]
+    max_connections: usize,
+    /// Open connections per port from one client address.
+    #[arg(long, env = env::MAX_CONNECTIONS_PER_PEER, default_value_t = 256)]
+    max_connections_per_peer: usize,
+    /// A connection that sends nothing within this is closed (either
+    /// port); a REST request's headers must arrive within it too.
+    #[arg(long, env = env::HEADER_READ_TIMEOUT, default_value = "10s", value_parser = humantime::parse_duration)]
+    header_read_timeout: Duration,
     /// Trigger engine: "wheel" (in-memory timing wheel, ~1 ms late) or
     /// "poll" (database polling every --poll-interval).
     #[arg(long, env = env::TRIGGER_ENGINE, default_value = "wheel", value_parser = ["wheel", "poll"])]
@@ -287,6 +297,12 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
     opts.dispatcher.max_concurrent_requests = args.max_concurrent_requests;
     opts.dispatcher.request_body_timeout = args.request_body_timeout;
     opts.dispatcher.max_streams_per_connection = args.max_streams_per_connection;
+    opts.conn_limits = taskmesh_cli::conn::ConnLimits {
+        max_total: args.max_connections,
+        max_per_peer: args.max_connections_per_peer,
+        first_bytes: args.header_read_timeout,
+    };
+    opts.header_read_timeout = args.header_read_timeout;
     opts.scheduler.engine = taskmesh_scheduler::EngineKind::parse(&args.trigger_engine)
         .ok_or_else(|| anyhow::anyhow!("unknown trigger engine {:?}", args.trigger_engine))?;
     opts.scheduler.poll_interval = args.poll_interval;

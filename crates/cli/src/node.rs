@@ -64,6 +64,10 @@ pub struct NodeOptions {
     /// Where callbacks and push workers' addresses may point (copied into
     /// the dispatcher's and the deliverer's options at start).
     pub egress: EgressPolicy,
+    /// Connection limits of each port.
+    pub conn_limits: crate::conn::ConnLimits,
+    /// A REST request's headers must arrive within this.
+    pub header_read_timeout: Duration,
 }
 
 impl NodeOptions {
@@ -85,6 +89,8 @@ impl NodeOptions {
             tls: None,
             tls_reload_interval: Duration::from_secs(2),
             egress: EgressPolicy::public_only(),
+            conn_limits: crate::conn::ConnLimits::default(),
+            header_read_timeout: Duration::from_secs(10),
         }
     }
 
@@ -162,6 +168,15 @@ impl NodeOptions {
                 )
             })?;
         }
+        let l = &self.conn_limits;
+        anyhow::ensure!(
+            l.max_total > 0 && l.max_per_peer > 0,
+            "connection limits must be above zero"
+        );
+        anyhow::ensure!(
+            !l.first_bytes.is_zero() && !self.header_read_timeout.is_zero(),
+            "the first-bytes and header read timeouts must be above zero"
+        );
         anyhow::ensure!(
             c.concurrency > 0 && c.per_host > 0,
             "callback concurrency and per-receiver limit must be above zero"
@@ -404,16 +419,18 @@ pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
     let shutdown = CancellationToken::new();
     // With TLS, connections are accepted (and handshaken) here; the gateway
     // reaches the gRPC service through an in-process pipe.
+    let grpc_gate = crate::conn::Gate::new(opts.conn_limits, "grpc");
+    let http_gate = crate::conn::Gate::new(opts.conn_limits, "http");
     let (plain, tls) = match &opts.tls {
         Some(files) => {
             let tls = crate::tls::Tls::load(files.clone()).context("loading the TLS files")?;
             tls.watch(opts.tls_reload_interval, shutdown.child_token());
             let (incoming, local) =
-                crate::tls::grpc_incoming(grpc, tls.clone(), shutdown.child_token());
-            let http = crate::tls::http_listener(http, tls, shutdown.child_token())?;
+                crate::tls::grpc_incoming(grpc, grpc_gate, tls.clone(), shutdown.child_token());
+            let http = crate::tls::http_listener(http, http_gate, tls, shutdown.child_token())?;
             (None, Some((incoming, local, http)))
         }
-        None => (Some((grpc, http)), None),
+        None => (Some((grpc, grpc_gate, http, http_gate)), None),
     };
     let local_channel = tls.as_ref().map(|(_, local, _)| local.clone());
 
@@ -422,6 +439,9 @@ pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
             max_body_bytes: opts.max_body_bytes,
             max_message_bytes: opts.dispatcher.max_message_bytes,
             grpc_channel: local_channel,
+            header_read_timeout: opts.header_read_timeout,
+            body_read_timeout: opts.dispatcher.request_body_timeout,
+            max_streams_per_connection: opts.dispatcher.max_streams_per_connection,
             ..GatewayOptions::new(format!("http://{}", loopback(grpc_addr)))
         },
         readiness(store.clone(), coord.clone()),
@@ -449,10 +469,19 @@ pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
     type Serving<E> = futures::future::BoxFuture<'static, Result<(), E>>;
     let (grpc_server, http_server): (Serving<taskmesh_dispatcher::Error>, Serving<std::io::Error>) =
         match (plain, tls) {
-            (Some((grpc, http)), _) => (
-                Box::pin(dispatcher.serve(grpc, grpc_shutdown)),
-                Box::pin(gateway.serve(http, http_shutdown)),
-            ),
+            (Some((grpc, grpc_gate, http, http_gate)), _) => {
+                info!(grpc_addr = %grpc_addr, http_addr = %http_addr, "serving");
+                (
+                    Box::pin(
+                        dispatcher
+                            .serve_incoming(crate::conn::incoming(grpc, grpc_gate), grpc_shutdown),
+                    ),
+                    Box::pin(gateway.serve_on(
+                        crate::conn::GatedListener::new(http, http_gate),
+                        http_shutdown,
+                    )),
+                )
+            }
             (None, Some((incoming, _, http))) => {
                 info!(grpc_addr = %grpc_addr, http_addr = %http_addr, "serving over TLS");
                 (

@@ -37,6 +37,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::conn::{Gate, Gated};
+
 /// How long a client may take to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -212,31 +214,22 @@ fn stamps(files: &TlsFiles) -> Vec<Option<SystemTime>> {
 /// to `tx` (as `wrap` makes it), until `shutdown`.
 fn accept<T: Send + 'static>(
     listener: TcpListener,
+    gate: Gate,
     tls: Arc<Tls>,
     grpc: bool,
-    wrap: fn(TlsStream<TcpStream>) -> T,
+    wrap: fn(TlsStream<Gated<TcpStream>>) -> T,
     tx: mpsc::Sender<T>,
     shutdown: CancellationToken,
 ) {
     let port = if grpc { "grpc" } else { "http" };
     tokio::spawn(async move {
         loop {
+            // Within the connection limits before the handshake costs
+            // anything.
             let (tcp, peer) = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(conn) => conn,
-                    Err(err) => {
-                        // Out of descriptors and the like: the next accept
-                        // may work once connections close.
-                        warn!(port, error = %err, "cannot accept a connection");
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                },
+                accepted = gate.accept(&listener) => accepted,
             };
-            if let Err(err) = tcp.set_nodelay(true) {
-                warn!(error = %err, "cannot set TCP_NODELAY on a connection");
-            }
             let acceptor = tls.acceptor(grpc);
             let tx = tx.clone();
             tokio::spawn(async move {
@@ -263,7 +256,7 @@ fn accept<T: Send + 'static>(
 /// gateway through an in-process pipe.
 pub enum Conn {
     /// Over the network, after the handshake.
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<TlsStream<Gated<TcpStream>>>),
     /// The gateway, in process.
     Local(DuplexStream),
 }
@@ -318,6 +311,7 @@ impl tonic::transport::server::Connected for Conn {
 /// channel for the gateway, until `shutdown`.
 pub fn grpc_incoming(
     listener: TcpListener,
+    gate: Gate,
     tls: Arc<Tls>,
     shutdown: CancellationToken,
 ) -> (
@@ -327,6 +321,7 @@ pub fn grpc_incoming(
     let (tx, rx) = mpsc::channel(64);
     accept(
         listener,
+        gate,
         tls,
         true,
         |s| Conn::Tls(Box::new(s)),
@@ -355,30 +350,36 @@ fn local_channel(tx: mpsc::Sender<Conn>) -> tonic::transport::Channel {
 
 /// The REST port's TLS connections, as an axum listener.
 pub struct TlsListener {
-    rx: mpsc::Receiver<TlsStream<TcpStream>>,
+    rx: mpsc::Receiver<TlsStream<Gated<TcpStream>>>,
     addr: SocketAddr,
 }
 
 /// The REST port's listener over `listener`, until `shutdown`.
 pub fn http_listener(
     listener: TcpListener,
+    gate: Gate,
     tls: Arc<Tls>,
     shutdown: CancellationToken,
 ) -> io::Result<TlsListener> {
     let addr = listener.local_addr()?;
     let (tx, rx) = mpsc::channel(64);
-    accept(listener, tls, false, |s| s, tx, shutdown);
+    accept(listener, gate, tls, false, |s| s, tx, shutdown);
     Ok(TlsListener { rx, addr })
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = TlsStream<Gated<TcpStream>>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         match self.rx.recv().await {
             Some(stream) => {
-                let peer = stream.get_ref().0.peer_addr().unwrap_or(self.addr);
+                let peer = stream
+                    .get_ref()
+                    .0
+                    .get_ref()
+                    .peer_addr()
+                    .unwrap_or(self.addr);
                 (stream, peer)
             }
             // Stopped: serve's graceful shutdown ends the loop.

@@ -22,6 +22,8 @@ pub enum Error {
 pub mod code {
     /// INVALID_ARGUMENT.
     pub const INVALID_ARGUMENT: i32 = 3;
+    /// DEADLINE_EXCEEDED.
+    pub const DEADLINE_EXCEEDED: i32 = 4;
     /// NOT_FOUND.
     pub const NOT_FOUND: i32 = 5;
     /// RESOURCE_EXHAUSTED.

@@ -69,7 +69,13 @@ async fn handle(shared: &Shared, request: Request) -> Result<Response, ApiError>
             ));
         }
     };
-    let body = read_body(body, &parts.headers, shared.options.max_body_bytes).await?;
+    let body = read_body(
+        body,
+        &parts.headers,
+        shared.options.max_body_bytes,
+        shared.options.body_read_timeout,
+    )
+    .await?;
     if !matches!(route.body, BodyRule::None) && !body.is_empty() {
         check_content_type(&parts.headers)?;
     }
@@ -103,8 +109,15 @@ async fn handle(shared: &Shared, request: Request) -> Result<Response, ApiError>
 }
 
 /// Reads the whole body, refusing (413) more than `limit` bytes: at once
-/// when `Content-Length` says so, otherwise as soon as the limit is passed.
-async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+/// when `Content-Length` says so, otherwise as soon as the limit is passed;
+/// and (408) a body that has not all arrived within `timeout`, so a client
+/// trickling bytes cannot hold a request open.
+async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -119,7 +132,18 @@ async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Byte
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    match Limited::new(body, limit).collect().await {
+    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect());
+    let Ok(read) = read.await else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            code::DEADLINE_EXCEEDED,
+            format!(
+                "the request body did not arrive within {} ms",
+                timeout.as_millis()
+            ),
+        ));
+    };
+    match read {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
         Err(err) => Err(ApiError::invalid(format!(

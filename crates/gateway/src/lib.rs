@@ -57,6 +57,14 @@ pub struct GatewayOptions {
     /// A channel to the gRPC server to use instead of connecting to
     /// `grpc_target` (an in-process pipe when the gRPC port speaks TLS).
     pub grpc_channel: Option<tonic::transport::Channel>,
+    /// A request's headers must arrive within this, counted from when the
+    /// connection is ready for the next request (a new or idle keep-alive
+    /// connection is closed after it).
+    pub header_read_timeout: Duration,
+    /// A request's body must arrive within this (else 408).
+    pub body_read_timeout: Duration,
+    /// HTTP/2 streams one connection may have open at once.
+    pub max_streams_per_connection: u32,
 }
 
 impl GatewayOptions {
@@ -70,6 +78,9 @@ impl GatewayOptions {
             max_message_bytes: 4 * 1024 * 1024,
             sse_keep_alive: Duration::from_secs(15),
             grpc_channel: None,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+            max_streams_per_connection: 256,
         }
     }
 }
@@ -197,9 +208,15 @@ impl Gateway {
             .await
     }
 
+    /// The accept loop. Not `axum::serve`: it gives hyper no timer, so
+    /// there is no header read timeout and a client that never finishes
+    /// its headers (or never sends any) holds its connection forever. Here
+    /// each connection gets hyper's HTTP/1 header timeout and, for HTTP/2,
+    /// a stream cap and keepalive PINGs; shutdown is graceful (open
+    /// connections finish their requests; event streams end first).
     async fn serve_on_router<L>(
         self,
-        listener: L,
+        mut listener: L,
         router: Router,
         streams: CancellationToken,
         shutdown: CancellationToken,
@@ -208,12 +225,46 @@ impl Gateway {
         L: axum::serve::Listener,
         L::Addr: std::fmt::Debug,
     {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                shutdown.cancelled().await;
-                streams.cancel();
-            })
-            .await
+        use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+        use hyper_util::server::conn::auto::Builder;
+        use hyper_util::service::TowerToHyperService;
+        use tower::ServiceExt as _;
+
+        let o = &self.shared.options;
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(o.header_read_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(o.max_streams_per_connection)
+            .keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(30));
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        loop {
+            let (io, peer) = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                accepted = listener.accept() => accepted,
+            };
+            tracing::trace!(?peer, "http connection accepted");
+            let service = TowerToHyperService::new(router.clone().map_request(
+                |req: axum::http::Request<hyper::body::Incoming>| req.map(axum::body::Body::new),
+            ));
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(io), service)
+                .into_owned();
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(err) = conn.await {
+                    tracing::trace!(error = %err, "http connection ended with an error");
+                }
+            });
+        }
+        streams.cancel();
+        graceful.shutdown().await;
+        Ok(())
     }
 }
 
