@@ -398,8 +398,8 @@ async fn bytes_that_are_not_the_request_message_are_invalid_argument() {
 
 /// Regression: a page of large tasks used to be loaded and encoded whole
 /// and then refused (OUT_OF_RANGE) for passing the message limit. Now a
-/// page ends early with a token, and walking the pages yields every task
-/// exactly once.
+/// page of the full view ends early with a token, and walking the pages
+/// yields every task exactly once, with its payload.
 #[tokio::test]
 async fn list_pages_end_before_the_message_limit_and_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -423,12 +423,20 @@ async fn list_pages_end_before_the_message_limit_and_lose_nothing() {
             .list_tasks(pb::ListTasksRequest {
                 page_size: 1_000,
                 page_token: token.clone(),
+                view: pb::TaskView::Full as i32,
                 ..Default::default()
             })
             .await
             .expect("a page within the message limit")
             .into_inner();
         assert!(!page.tasks.is_empty(), "a page holds at least one task");
+        assert!(
+            page.tasks.iter().all(|t| t
+                .payload
+                .as_ref()
+                .is_some_and(|p| p.data == payload.as_bytes())),
+            "the full view carries the payloads"
+        );
         seen.extend(page.tasks.iter().map(|t| t.task_id.clone()));
         if page.next_page_token.is_empty() {
             break;

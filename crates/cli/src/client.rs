@@ -315,6 +315,7 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
             page_size: args.limit,
             page_token: args.page_token.unwrap_or_default(),
             namespace: args.common.namespace.clone(),
+            view: pb::TaskView::Summary as i32,
         })
         .await
         .map_err(status_error)?

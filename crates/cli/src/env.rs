@@ -23,6 +23,22 @@ pub const BALANCER_DEFAULT: &str = "TASKMESH_BALANCER_DEFAULT";
 pub const HASH_VNODES: &str = "TASKMESH_HASH_VNODES";
 /// Largest REST request body, in bytes (`serve`).
 pub const MAX_BODY_BYTES: &str = "TASKMESH_MAX_BODY_BYTES";
+/// Requests per second per namespace (`serve`).
+pub const RATE_LIMIT: &str = "TASKMESH_RATE_LIMIT";
+/// Requests per namespace allowed at once above the rate (`serve`).
+pub const RATE_BURST: &str = "TASKMESH_RATE_BURST";
+/// READY tasks per namespace (`serve`).
+pub const MAX_READY_TASKS: &str = "TASKMESH_MAX_READY_TASKS";
+/// Schedules per namespace (`serve`).
+pub const MAX_SCHEDULES: &str = "TASKMESH_MAX_SCHEDULES";
+/// Shortest time between two fires of a schedule (`serve`).
+pub const MIN_SCHEDULE_INTERVAL: &str = "TASKMESH_MIN_SCHEDULE_INTERVAL";
+/// Open watches per namespace on one server (`serve`).
+pub const MAX_WATCHES: &str = "TASKMESH_MAX_WATCHES";
+/// Worker sessions per namespace on one server (`serve`).
+pub const MAX_WORKERS: &str = "TASKMESH_MAX_WORKERS";
+/// Handlers one worker registration may name (`serve`).
+pub const MAX_HANDLERS_PER_WORKER: &str = "TASKMESH_MAX_HANDLERS_PER_WORKER";
 /// Open connections per port (`serve`).
 pub const MAX_CONNECTIONS: &str = "TASKMESH_MAX_CONNECTIONS";
 /// Open connections per port from one client address (`serve`).

@@ -94,6 +94,33 @@ struct ServeArgs {
     /// port); a REST request's headers must arrive within it too.
     #[arg(long, env = env::HEADER_READ_TIMEOUT, default_value = "10s", value_parser = humantime::parse_duration)]
     header_read_timeout: Duration,
+    /// Requests per second to TaskApi and Admin per namespace (a token
+    /// bucket; over it, RESOURCE_EXHAUSTED / 429 with when to retry); 0
+    /// turns it off. Workers' own calls are not counted.
+    #[arg(long, env = env::RATE_LIMIT, default_value_t = 5_000)]
+    rate_limit: u32,
+    /// Requests per namespace allowed at once above --rate-limit.
+    #[arg(long, env = env::RATE_BURST, default_value_t = 10_000)]
+    rate_burst: u32,
+    /// READY tasks (waiting for a worker) per namespace before submits are
+    /// refused with RESOURCE_EXHAUSTED; 0 turns it off.
+    #[arg(long, env = env::MAX_READY_TASKS, default_value_t = 1_000_000)]
+    max_ready_tasks: u64,
+    /// Schedules per namespace; 0 turns it off.
+    #[arg(long, env = env::MAX_SCHEDULES, default_value_t = 10_000)]
+    max_schedules: u64,
+    /// Shortest time allowed between two fires of a schedule.
+    #[arg(long, env = env::MIN_SCHEDULE_INTERVAL, default_value = "1s", value_parser = humantime::parse_duration)]
+    min_schedule_interval: Duration,
+    /// Open WatchTask streams per namespace on this server; 0 turns it off.
+    #[arg(long, env = env::MAX_WATCHES, default_value_t = 1_000)]
+    max_watches: u32,
+    /// Worker sessions per namespace on this server; 0 turns it off.
+    #[arg(long, env = env::MAX_WORKERS, default_value_t = 1_000)]
+    max_workers: u32,
+    /// Handlers one worker registration may name; 0 turns it off.
+    #[arg(long, env = env::MAX_HANDLERS_PER_WORKER, default_value_t = 256)]
+    max_handlers_per_worker: usize,
     /// Trigger engine: "wheel" (in-memory timing wheel, ~1 ms late) or
     /// "poll" (database polling every --poll-interval).
     #[arg(long, env = env::TRIGGER_ENGINE, default_value = "wheel", value_parser = ["wheel", "poll"])]
@@ -297,6 +324,16 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
     opts.dispatcher.max_concurrent_requests = args.max_concurrent_requests;
     opts.dispatcher.request_body_timeout = args.request_body_timeout;
     opts.dispatcher.max_streams_per_connection = args.max_streams_per_connection;
+    opts.dispatcher.quotas = taskmesh_dispatcher::quota::QuotaOptions {
+        rate_per_sec: args.rate_limit,
+        burst: args.rate_burst,
+        max_ready_tasks: args.max_ready_tasks,
+        max_schedules: args.max_schedules,
+        min_schedule_interval: args.min_schedule_interval,
+        max_watches: args.max_watches,
+        max_workers: args.max_workers,
+        max_handlers_per_worker: args.max_handlers_per_worker,
+    };
     opts.conn_limits = taskmesh_cli::conn::ConnLimits {
         max_total: args.max_connections,
         max_per_peer: args.max_connections_per_peer,

@@ -75,7 +75,7 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::CreateTokenRequest>,
     ) -> Result<Response<pb::CreateTokenResponse>, Status> {
-        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         let role = role_from_pb(req.role)?;
         validate::short_text("name", &req.name).map_err(Error::InvalidArgument)?;
@@ -110,7 +110,7 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::ListTokensRequest>,
     ) -> Result<Response<pb::ListTokensResponse>, Status> {
-        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let tokens = self
             .shared
             .store

@@ -60,6 +60,8 @@ pub struct Shared {
     /// The cluster's key (from the store, read before serving), from which
     /// assignment secrets are derived.
     pub cluster_key: Arc<std::sync::OnceLock<Vec<u8>>>,
+    /// Quotas and rates per namespace.
+    pub quotas: Arc<crate::quota::Quotas>,
 }
 
 impl Shared {

@@ -15,6 +15,14 @@ pub enum Error {
     /// The caller is known but may not do this.
     #[error("{0}")]
     PermissionDenied(String),
+    /// A quota or rate of the caller's namespace is used up.
+    #[error("{message}")]
+    ResourceExhausted {
+        /// Which limit, and what to do.
+        message: String,
+        /// When trying again may work (sent as `retry-after-ms`).
+        retry_after: Option<std::time::Duration>,
+    },
     /// The store failed or refused.
     #[error(transparent)]
     Store(#[from] taskmesh_store::Error),
@@ -36,6 +44,7 @@ impl Error {
             Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Error::NotFound(_) => ErrorCode::NotFound,
             Error::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            Error::ResourceExhausted { .. } => ErrorCode::ResourceExhausted,
             Error::Store(e) => e.code(),
             Error::Coord(e) => e.code(),
             Error::Transport(_) | Error::Reflection(_) => ErrorCode::Internal,
@@ -48,8 +57,23 @@ pub fn grpc_code(code: ErrorCode) -> tonic::Code {
     tonic::Code::from_i32(code.grpc_code())
 }
 
+/// The metadata key saying how long to wait before retrying, in
+/// milliseconds (the REST gateway turns it into `Retry-After`).
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+
 impl From<Error> for tonic::Status {
     fn from(err: Error) -> Self {
+        if let Error::ResourceExhausted {
+            message,
+            retry_after: Some(wait),
+        } = &err
+        {
+            let mut status = tonic::Status::resource_exhausted(message.clone());
+            if let Ok(v) = wait.as_millis().to_string().parse() {
+                status.metadata_mut().insert(RETRY_AFTER_MS, v);
+            }
+            return status;
+        }
         let code = err.code();
         let class = match (&err, code) {
             (_, ErrorCode::Internal) => "internal error",

@@ -35,13 +35,18 @@ pub async fn refresh(
     handlers: &mut HashSet<(String, String)>,
     workers: &mut HashSet<String>,
 ) {
+    let mark = shared.quotas.backlog_mark();
     match shared.store.ready_counts().await {
         Ok(counts) => {
             // Pairs past the label cap add up under `other`.
             let mut depth = std::collections::HashMap::<(String, String), u64>::new();
+            let mut per_namespace = std::collections::HashMap::<String, u64>::new();
             for (ns, h, n) in counts {
                 *depth.entry(meters::labels(&ns, &h)).or_default() += n;
+                *per_namespace.entry(ns).or_default() += n;
             }
+            // The backlog quota starts again from the store's count.
+            shared.quotas.refresh_ready(mark, per_namespace);
             let now: HashSet<(String, String)> = depth.keys().cloned().collect();
             for (ns, h) in handlers.difference(&now) {
                 metrics::gauge!(meters::QUEUE_DEPTH, "namespace" => ns.clone(), "handler" => h.clone())

@@ -17,6 +17,7 @@ mod health;
 pub mod layers;
 mod lost;
 mod push;
+pub mod quota;
 mod registry;
 mod schedule_api;
 mod stream;
@@ -90,6 +91,8 @@ pub struct DispatcherOptions {
     pub auth: auth::AuthOptions,
     /// Where callback URLs and push addresses may point.
     pub egress: taskmesh_core::egress::EgressPolicy,
+    /// Quotas and rates per namespace.
+    pub quotas: quota::QuotaOptions,
 }
 
 impl Default for DispatcherOptions {
@@ -113,6 +116,7 @@ impl Default for DispatcherOptions {
                 ..auth::AuthOptions::default()
             },
             egress: taskmesh_core::egress::EgressPolicy::public_only(),
+            quotas: quota::QuotaOptions::default(),
         }
     }
 }
@@ -144,6 +148,7 @@ impl Dispatcher {
             shared: Shared {
                 auth: authenticator,
                 cluster_key: Arc::default(),
+                quotas: Arc::new(quota::Quotas::new(opts.quotas.clone())),
                 opts,
                 coord,
                 registry,

@@ -169,6 +169,15 @@ pub(crate) async fn register(
     }
     let bearer = server_secret(&req.server_secret)?;
     let namespace = who.namespace_for(&reg.namespace)?;
+    // A refresh (naming its session) is the same worker, not one more.
+    let sessions = if req.session_id.is_empty() {
+        shared.registry.sessions_in(&namespace)
+    } else {
+        0
+    };
+    shared
+        .quotas
+        .admit_worker(&namespace, reg.handlers.len(), sessions)?;
     stream::claim_worker_id(shared, who, &reg.worker_id).await?;
     let answer = |session_id: String| pb::WorkerRegistered {
         session_id,

@@ -344,6 +344,15 @@ impl Registry {
             .count()
     }
 
+    /// How many of this node's sessions are in `namespace`.
+    pub fn sessions_in(&self, namespace: &str) -> usize {
+        self.lock()
+            .sessions
+            .values()
+            .filter(|s| s.reg.namespace == namespace)
+            .count()
+    }
+
     /// How many attempts the session holds; `None` if it is not here.
     pub fn in_flight_of(&self, session_id: &str) -> Option<usize> {
         self.lock()

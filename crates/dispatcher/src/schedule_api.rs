@@ -128,8 +128,39 @@ pub(crate) fn apply_definition(
     base.max_catch_up = def.max_catch_up;
     base.overlap = overlap;
     // Parses the expression and the zone: refuse what could never fire.
-    base.timetable().map_err(invalid)?;
+    let timetable = base.timetable().map_err(invalid)?;
+    shared.quotas.schedule_interval(shortest_interval(
+        &timetable,
+        kind,
+        interval_ms,
+        shared.clock.now_millis(),
+    ))?;
     Ok(())
+}
+
+/// The shortest time between two fires: the interval, or for a cron the
+/// smallest gap among its next 64 fires (a cron fires at most every second).
+fn shortest_interval(
+    timetable: &taskmesh_core::timetable::Timetable,
+    kind: ScheduleKind,
+    interval_ms: i64,
+    now: i64,
+) -> std::time::Duration {
+    let ms = if kind == ScheduleKind::Cron {
+        let mut shortest = i64::MAX;
+        let mut at = timetable.next_after(now);
+        for _ in 0..64 {
+            let Some(prev) = at else { break };
+            at = timetable.next_after(prev);
+            if let Some(next) = at {
+                shortest = shortest.min(next - prev);
+            }
+        }
+        shortest
+    } else {
+        interval_ms
+    };
+    std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
 fn template(shared: &Shared, t: Option<pb::TaskTemplate>) -> Result<TaskTemplate, Error> {
@@ -299,6 +330,8 @@ pub(crate) async fn create(
         version: 1,
     };
     apply_definition(shared, &mut s, def)?;
+    let existing = shared.store.count_schedules(&s.namespace).await?;
+    shared.quotas.admit_schedule(&s.namespace, existing)?;
     if !s.paused {
         s.next_fire_at = s.first_fire_after(now).map_err(invalid)?;
         if s.next_fire_at.is_none() {

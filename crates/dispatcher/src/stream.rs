@@ -66,6 +66,11 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         };
         validate_registration(&reg)?;
         let namespace = who.namespace_for(&reg.namespace)?;
+        self.shared.quotas.admit_worker(
+            &namespace,
+            reg.handlers.len(),
+            self.shared.registry.sessions_in(&namespace),
+        )?;
         claim_worker_id(&self.shared, &who, &reg.worker_id).await?;
 
         let session_id = id::new_session_id();

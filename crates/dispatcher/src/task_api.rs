@@ -43,9 +43,15 @@ fn invalid(msg: impl Into<String>) -> Error {
 
 /// The caller of `request` and the namespace it acts in (the one it names,
 /// else its own).
-pub(crate) fn scope<T>(request: &Request<T>, named: &str) -> Result<(Identity, String), Error> {
+pub(crate) fn scope<T>(
+    shared: &Shared,
+    request: &Request<T>,
+    named: &str,
+) -> Result<(Identity, String), Error> {
     let who = auth::identity(request);
     let namespace = who.namespace_for(named)?;
+    // Every TaskApi and Admin call takes one from its namespace's bucket.
+    shared.quotas.request(&namespace)?;
     Ok((who, namespace))
 }
 
@@ -225,7 +231,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         request: Request<pb::SubmitTaskRequest>,
     ) -> Result<Response<pb::SubmitTaskResponse>, Status> {
         let traceparent = traceparent_of(request.metadata());
-        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let now = self.shared.clock.now_millis();
         let (task, fp_run_at) = new_task(
             &self.shared,
@@ -234,13 +240,12 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             traceparent,
             now,
         )?;
+        let admitted_in = task.namespace.clone();
+        self.shared.quotas.admit_tasks(&admitted_in, 1)?;
         let fingerprint = task.request_fingerprint(fp_run_at);
-        let created = self
-            .shared
-            .submitter
-            .create(task, fingerprint)
-            .await
-            .map_err(Error::from)?;
+        let created = self.shared.submitter.create(task, fingerprint).await;
+        self.shared.quotas.settled(&admitted_in, 1);
+        let created = created.map_err(Error::from)?;
         let t = &created.task;
         if !created.existing {
             debug!(task_id = %t.id, handler = %t.handler, state = %t.state, "task submitted");
@@ -261,7 +266,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::GetTaskResponse>, Status> {
-        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let id = task_id_of(&request.get_ref().task_id)?;
         let task = load_in(&self.shared, &namespace, &id).await?;
         Ok(Response::new(pb::GetTaskResponse {
@@ -273,7 +278,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
-        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         let state = pb::TaskState::try_from(req.state)
             .map_err(|_| invalid(format!("state {} is not a known TaskState", req.state)))?;
@@ -283,6 +288,15 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         if req.page_size > 1_000 {
             return Err(invalid("page_size must be at most 1000").into());
         }
+        let budget = page_budget(self.shared.opts.max_message_bytes);
+        let bodies = match pb::TaskView::try_from(req.view) {
+            Ok(pb::TaskView::Unspecified | pb::TaskView::Summary) => None,
+            // The bodies' bytes, within what the answer may carry.
+            Ok(pb::TaskView::Full) => Some(budget),
+            Err(_) => {
+                return Err(invalid(format!("view {} is not a known TaskView", req.view)).into());
+            }
+        };
         let before_id = if req.page_token.is_empty() {
             None
         } else {
@@ -304,18 +318,22 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                     req.page_size
                 },
                 before_id,
+                bodies,
             })
             .await
             .map_err(Error::from)?;
         // A page is bounded in bytes as well as rows: it ends early (with a
         // token to go on from) before its answer would pass the message
         // limit, instead of failing to encode after all the work.
-        let budget = page_budget(self.shared.opts.max_message_bytes);
         let mut tasks = Vec::with_capacity(page.tasks.len());
         let mut size = 0;
         let mut next_page_token = page.next_before_id.unwrap_or_default();
         for t in &page.tasks {
-            let task = shown(&who, t);
+            let mut task = shown(&who, t);
+            if bodies.is_none() {
+                task.payload = None;
+                task.output = None;
+            }
             let len = prost::Message::encoded_len(&task) + 8;
             if !tasks.is_empty() && size + len > budget {
                 next_page_token = tasks
@@ -337,7 +355,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::CancelTaskResponse>, Status> {
-        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         let id = task_id_of(&req.task_id)?;
         validate::short_text("reason", &req.reason).map_err(invalid)?;
@@ -390,7 +408,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::AckTaskRequest>,
     ) -> Result<Response<pb::AckTaskResponse>, Status> {
-        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         let id = task_id_of(&req.task_id)?;
         if req.execution_id.is_empty() {
@@ -431,14 +449,17 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::WatchTaskRequest>,
     ) -> Result<Response<Self::WatchTaskStream>, Status> {
-        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let id = task_id_of(&request.get_ref().task_id)?;
         // Subscribe before the first read, so no change falls between them.
         let mut changes = self.shared.store.subscribe();
         let store = self.shared.store.clone();
         let first = load_in(&self.shared, &namespace, &id).await?;
+        // The watch's place, held as long as its stream runs.
+        let slot = self.shared.quotas.watch(&namespace)?;
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(async move {
+            let _slot = slot;
             let mut version = first.version;
             let mut done = first.state.is_terminal();
             let send = |t| pb::WatchTaskResponse {
@@ -513,13 +534,50 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                 Err(err) => results.push(Some(refused(Status::from(err)))),
             }
         }
+        // Quotas per namespace: the batch takes one request from each
+        // namespace's bucket and its entries' places in the backlog; the
+        // entries of a namespace over either are refused, the others go on.
+        let mut per_namespace: HashMap<&str, u64> = HashMap::new();
+        for (task, _) in &valid {
+            *per_namespace.entry(task.namespace.as_str()).or_default() += 1;
+        }
+        let mut over: HashMap<String, Status> = HashMap::new();
+        let mut admitted: Vec<(String, u64)> = Vec::new();
+        for (namespace, n) in per_namespace {
+            let quotas = &self.shared.quotas;
+            match quotas
+                .request(namespace)
+                .and_then(|()| quotas.admit_tasks(namespace, n))
+            {
+                Ok(()) => admitted.push((namespace.to_string(), n)),
+                Err(err) => {
+                    over.insert(namespace.to_string(), Status::from(err));
+                }
+            }
+        }
+        if !over.is_empty() {
+            let mut kept = Vec::with_capacity(valid.len());
+            let mut kept_slots = Vec::with_capacity(slots.len());
+            for (entry, i) in valid.into_iter().zip(slots) {
+                match over.get(&entry.0.namespace) {
+                    Some(status) => {
+                        results[i] = Some(refused(Status::new(status.code(), status.message())))
+                    }
+                    None => {
+                        kept.push(entry);
+                        kept_slots.push(i);
+                    }
+                }
+            }
+            valid = kept;
+            slots = kept_slots;
+        }
         if !valid.is_empty() {
-            let created = self
-                .shared
-                .submitter
-                .create_many(valid)
-                .await
-                .map_err(Error::from)?;
+            let created = self.shared.submitter.create_many(valid).await;
+            for (namespace, n) in &admitted {
+                self.shared.quotas.settled(namespace, *n);
+            }
+            let created = created.map_err(Error::from)?;
             let (mut ready, mut later) = (false, false);
             let mut per_handler: HashMap<(String, String), u64> = HashMap::new();
             for (i, outcome) in slots.into_iter().zip(created) {
@@ -582,7 +640,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::CreateScheduleRequest>,
     ) -> Result<Response<pb::CreateScheduleResponse>, Status> {
-        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let def = request
             .into_inner()
             .schedule
@@ -598,7 +656,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::GetScheduleRequest>,
     ) -> Result<Response<pb::GetScheduleResponse>, Status> {
-        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
         let s = schedule_api::load(&self.shared, &namespace, &id).await?;
         let fires = self
@@ -617,7 +675,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::ListSchedulesRequest>,
     ) -> Result<Response<pb::ListSchedulesResponse>, Status> {
-        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         if req.page_size > 1_000 {
             return Err(invalid("page_size must be at most 1000").into());
@@ -651,7 +709,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::UpdateScheduleRequest>,
     ) -> Result<Response<pb::UpdateScheduleResponse>, Status> {
-        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         let id = schedule_api::schedule_id_of(&req.schedule_id)?;
         let def = req
@@ -673,7 +731,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::DeleteScheduleRequest>,
     ) -> Result<Response<pb::DeleteScheduleResponse>, Status> {
-        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
         // Another namespace's schedule is NOT_FOUND, as if it did not exist.
         schedule_api::load(&self.shared, &namespace, &id).await?;
@@ -694,7 +752,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::PauseScheduleRequest>,
     ) -> Result<Response<pb::PauseScheduleResponse>, Status> {
-        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
         let s = schedule_api::modify(&self.shared, &namespace, &id, |s, _| {
             s.paused = true;
@@ -712,7 +770,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::ResumeScheduleRequest>,
     ) -> Result<Response<pb::ResumeScheduleResponse>, Status> {
-        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
         let s = schedule_api::modify(&self.shared, &namespace, &id, |s, now| {
             if !s.paused {
@@ -732,7 +790,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::TriggerScheduleRequest>,
     ) -> Result<Response<pb::TriggerScheduleResponse>, Status> {
-        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let id = schedule_api::schedule_id_of(&request.get_ref().schedule_id)?;
         let task = schedule_api::trigger(&self.shared, &namespace, &id).await?;
         info!(schedule_id = %id, task_id = %task.id, "schedule triggered");
@@ -745,7 +803,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::ListCircuitBreakersRequest>,
     ) -> Result<Response<pb::ListCircuitBreakersResponse>, Status> {
-        let (_, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         Ok(Response::new(pb::ListCircuitBreakersResponse {
             breakers: schedule_api::breakers(&self.shared, &namespace),
         }))
@@ -755,7 +813,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::ListWorkersRequest>,
     ) -> Result<Response<pb::ListWorkersResponse>, Status> {
-        let (who, namespace) = scope(&request, &request.get_ref().namespace)?;
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let handler = request.into_inner().handler;
         if !handler.is_empty() {
             validate::handler_name(&handler).map_err(invalid)?;

@@ -45,6 +45,8 @@ pub struct ApiError {
     pub message: String,
     /// Extra headers (e.g. `Allow` on 405).
     pub allow: Option<String>,
+    /// `Retry-After`, in seconds (from the status's `retry-after-ms`).
+    pub retry_after: Option<u64>,
 }
 
 /// The JSON body of every error.
@@ -66,6 +68,7 @@ impl ApiError {
             code,
             message: message.into(),
             allow: None,
+            retry_after: None,
         }
     }
 
@@ -96,7 +99,15 @@ impl ApiError {
 
 impl From<tonic::Status> for ApiError {
     fn from(status: tonic::Status) -> Self {
-        ApiError::from_grpc(status.code() as i32, status.message())
+        let mut err = ApiError::from_grpc(status.code() as i32, status.message());
+        // Whole seconds, rounded up: a client waiting that long finds room.
+        err.retry_after = status
+            .metadata()
+            .get("retry-after-ms")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|ms| ms.div_ceil(1_000).max(1));
+        err
     }
 }
 
@@ -116,6 +127,11 @@ impl IntoResponse for ApiError {
             .into_response();
         if let Some(allow) = self.allow.and_then(|a| HeaderValue::from_str(&a).ok()) {
             response.headers_mut().insert(header::ALLOW, allow);
+        }
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }

@@ -221,6 +221,9 @@ pub trait Store: Send + Sync + 'static {
     /// Creates a schedule ([`Error::AlreadyExists`] for a taken id).
     async fn create_schedule(&self, schedule: &ScheduleRecord) -> Result<()>;
 
+    /// How many schedules `namespace` has.
+    async fn count_schedules(&self, namespace: &str) -> Result<u64>;
+
     /// One schedule.
     async fn get_schedule(&self, id: &str) -> Result<Option<ScheduleRecord>>;
 

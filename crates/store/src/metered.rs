@@ -181,6 +181,10 @@ impl<S: Store> Store for Metered<S> {
         timed("create_schedule", self.inner.create_schedule(schedule)).await
     }
 
+    async fn count_schedules(&self, namespace: &str) -> Result<u64> {
+        timed("count_schedules", self.inner.count_schedules(namespace)).await
+    }
+
     async fn get_schedule(&self, id: &str) -> Result<Option<ScheduleRecord>> {
         timed("get_schedule", self.inner.get_schedule(id)).await
     }

@@ -31,6 +31,12 @@ pub struct TaskFilter {
     /// Only tasks whose id sorts before this one (ids are time-ordered, so
     /// pages run newest first).
     pub before_id: Option<String>,
+    /// `None`: payloads and outputs are left out (empty), so a page costs
+    /// little whatever its tasks carry. `Some(budget)`: they are included
+    /// for as many tasks as fit in `budget` bytes (at least one), the page
+    /// ending early (with `next_before_id`) at the first that does not; the
+    /// bodies are read only for those.
+    pub bodies: Option<usize>,
 }
 
 /// A page of tasks, newest first, without attempts.

@@ -81,7 +81,14 @@ fn path_query_and_body_fields_are_split_as_the_rules_say() {
     let list = op(&doc, "/api/tasks", "get");
     assert_eq!(
         param_names(list),
-        ["state", "handler", "pageSize", "pageToken", "namespace"]
+        [
+            "state",
+            "handler",
+            "pageSize",
+            "pageToken",
+            "namespace",
+            "view"
+        ]
     );
     assert_eq!(
         list["parameters"][0]["schema"]["$ref"],

@@ -17,6 +17,18 @@ pub const TASK_READ: &str = "id, namespace, handler, payload, content_type, stat
     attempt, run_count, execution_id, worker_id, next_at, output, output_content_type, \
     error_message, version, traceparent, balancer, schedule_id";
 
+/// [`TASK_READ`] without the bodies (empty `payload`, `output` only where
+/// one exists) and with their sizes (`payload_len`, `output_len`): what a
+/// list reads, so a page of large tasks costs no more than one of small.
+pub const TASK_READ_SUMMARY: &str = "id, namespace, handler, SUBSTR(payload, 1, 0) AS payload, \
+    LENGTH(payload) AS payload_len, content_type, state, priority, {labels}, \
+    routing_key, client_request_id, request_fingerprint, callback_url, max_attempts, \
+    initial_backoff_ms, backoff_multiplier, max_backoff_ms, timeout_ms, run_at, created_at, \
+    updated_at, pending_at, ready_at, dispatching_at, running_at, retrying_at, ended_at, \
+    attempt, run_count, execution_id, worker_id, next_at, SUBSTR(output, 1, 0) AS output, \
+    COALESCE(LENGTH(output), 0) AS output_len, output_content_type, \
+    error_message, version, traceparent, balancer, schedule_id";
+
 /// The `tasks` columns an insert writes before [`TASK_BODY`]; they never
 /// change afterwards.
 pub const TASK_KEYS: [&str; 4] = [

@@ -6,7 +6,7 @@
 use super::dialect::{BulkForm, Dialect, Ladder, marks, value_rows};
 use super::rows::{
     ATTEMPT_COLUMNS, CALLBACK_COLUMNS, SCHEDULE_BODY, SCHEDULE_READ, TASK_BODY, TASK_KEYS,
-    TASK_MUTABLE, TASK_READ, TOKEN_COLUMNS, assignments, names, row_marks,
+    TASK_MUTABLE, TASK_READ, TASK_READ_SUMMARY, TOKEN_COLUMNS, assignments, names, row_marks,
 };
 
 /// The rendered statements of one dialect. Field names say what each does;
@@ -20,7 +20,8 @@ pub struct Statements {
     pub lock_task: String,
     pub attempts_of: String,
     pub callback_of: String,
-    /// Listings, indexed by [`list_index`].
+    /// Listings (without bodies, with their sizes), indexed by
+    /// [`list_index`].
     pub list: [String; 16],
     pub due: String,
     pub in_flight: String,
@@ -42,6 +43,7 @@ pub struct Statements {
     pub get_schedule: String,
     pub list_schedules: String,
     pub list_schedules_in: String,
+    pub count_schedules: String,
     pub insert_token: String,
     pub get_token: String,
     pub list_tokens: String,
@@ -102,7 +104,7 @@ fn list_template(i: usize) -> String {
     } else {
         format!(" WHERE {}", conditions.join(" AND "))
     };
-    format!("SELECT {TASK_READ} FROM tasks{filter} ORDER BY id DESC LIMIT ?")
+    format!("SELECT {TASK_READ_SUMMARY} FROM tasks{filter} ORDER BY id DESC LIMIT ?")
 }
 
 impl Statements {
@@ -190,6 +192,7 @@ impl Statements {
                 "SELECT {SCHEDULE_READ} FROM schedules WHERE namespace = ? AND id > ? \
                  ORDER BY id LIMIT ?"
             )),
+            count_schedules: r("SELECT COUNT(*) AS n FROM schedules WHERE namespace = ?"),
             insert_token: r(&format!(
                 "INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             )),

@@ -152,6 +152,19 @@ impl<B: Backend> Store for SqlStore<B> {
         self.sched_create(schedule).await
     }
 
+    async fn count_schedules(&self, namespace: &str) -> Result<u64> {
+        let rows = self
+            .backend()
+            .read(&self.sql().count_schedules, args![namespace])
+            .await?;
+        let n = match rows.first() {
+            Some(row) => crate::decode::Columns::int(row, "n")
+                .map_err(|e| Error::Internal(format!("bad count: {e}")))?,
+            None => 0,
+        };
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     async fn get_schedule(&self, id: &str) -> Result<Option<ScheduleRecord>> {
         self.sched_get(id).await
     }

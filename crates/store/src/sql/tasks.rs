@@ -334,6 +334,46 @@ impl<B: Backend> SqlStore<B> {
             tasks.truncate(limit as usize);
             next_before_id = tasks.last().map(|t| t.id.clone());
         }
+        if let Some(budget) = filter.bodies {
+            // As many as fit in the budget (at least one), then their
+            // bodies, read for those only.
+            let mut size = 0usize;
+            let mut fit = 0;
+            for row in rows.iter().take(tasks.len()) {
+                let len = |c| decode::Columns::opt_int(row, c).ok().flatten().unwrap_or(0);
+                let bytes = usize::try_from(len("payload_len") + len("output_len")).unwrap_or(0);
+                if fit > 0 && size.saturating_add(bytes) > budget {
+                    break;
+                }
+                size = size.saturating_add(bytes);
+                fit += 1;
+            }
+            if fit < tasks.len() {
+                tasks.truncate(fit);
+                next_before_id = tasks.last().map(|t| t.id.clone());
+            }
+            let ids: Vec<&str> = tasks.iter().map(|t| t.id.as_str()).collect();
+            let mut full = HashMap::with_capacity(ids.len());
+            for list in in_lists(&ids) {
+                let n = list.len();
+                let values = list.into_iter().map(Into::into).collect();
+                for row in b.fetch(&mut tx, b.sql().tasks_by_id.get(n), values).await? {
+                    let task = decode::task(&row)?;
+                    full.insert(task.id.clone(), task);
+                }
+            }
+            for task in &mut tasks {
+                // Gone between the two reads cannot happen in one snapshot;
+                // if it did, the summary stays.
+                if let Some(f) = full.remove(&task.id) {
+                    *task = f;
+                }
+            }
+        } else {
+            for task in &mut tasks {
+                task.output = None;
+            }
+        }
         let ended: Vec<&str> = tasks
             .iter()
             .filter(|t| t.state.is_terminal() && !t.callback_url.is_empty())
