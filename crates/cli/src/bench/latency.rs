@@ -73,7 +73,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         let mark = rig.cpu_mark();
         let (submitted, generator_cpu) =
             load::submit_while_draining(&rig, &recorder, tasks as u64, move |api| async move {
-                open_loop(&api, tasks, rate).await
+                open_loop(&api, tasks, rate, "").await
             })
             .await?;
         let cpu = rig.cpu_since(&mark, generator_cpu, tasks as u64);
@@ -103,11 +103,13 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
     })
 }
 
-/// Sends `tasks` arrivals at `rate`; returns each id with its due instant.
-async fn open_loop(
+/// Sends `tasks` arrivals at `rate` to `namespace`; returns each id with
+/// its due instant.
+pub(super) async fn open_loop(
     api: &pb::task_api_client::TaskApiClient<tonic::transport::Channel>,
     tasks: usize,
     rate: f64,
+    namespace: &'static str,
 ) -> anyhow::Result<Vec<Submitted>> {
     let t0 = Instant::now();
     let due_at = |i: usize| t0 + Duration::from_secs_f64(i as f64 / rate);
@@ -124,11 +126,14 @@ async fn open_loop(
             let mut api = api.clone();
             calls.spawn(async move {
                 let ids: Vec<String> = if n == 1 {
-                    let r = api.submit_task(load::echo_request()).await?.into_inner();
+                    let r = api
+                        .submit_task(load::echo_request_in(namespace))
+                        .await?
+                        .into_inner();
                     vec![r.task_id]
                 } else {
                     let req = pb::SubmitTasksRequest {
-                        tasks: (0..n).map(|_| load::echo_request()).collect(),
+                        tasks: (0..n).map(|_| load::echo_request_in(namespace)).collect(),
                     };
                     let resp = api.submit_tasks(req).await?.into_inner();
                     resp.results
@@ -162,7 +167,7 @@ async fn open_loop(
     Ok(out)
 }
 
-fn histograms(
+pub(super) fn histograms(
     submitted: &[Submitted],
     seen: &HashMap<String, Seen>,
 ) -> anyhow::Result<[Histogram<u64>; 3]> {

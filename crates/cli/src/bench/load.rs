@@ -182,6 +182,8 @@ impl Rig {
     /// Starts a node on the store `args` names. Workers come later.
     pub async fn start(args: &LoadArgs) -> anyhow::Result<Self> {
         let mut opts = NodeOptions::new();
+        // A benchmark measures the machine, not the per-namespace quotas.
+        opts.dispatcher.quotas = taskmesh_dispatcher::quota::QuotaOptions::unlimited();
         let mut dir = None;
         let mut scratch = None;
         let mut store_label = store_label(args);
@@ -238,15 +240,35 @@ impl Rig {
 
     /// Starts the workers and waits until all of them are connected.
     pub async fn start_workers(&mut self, args: &LoadArgs) -> anyhow::Result<()> {
+        self.start_workers_in(args, "", "bench").await
+    }
+
+    /// Starts `args.workers` more workers for `namespace` (empty: the
+    /// default), with ids `{prefix}-{i}`, and waits until all of them are
+    /// connected.
+    pub async fn start_workers_in(
+        &mut self,
+        args: &LoadArgs,
+        namespace: &str,
+        prefix: &str,
+    ) -> anyhow::Result<()> {
         let server = format!("http://{}", self.node.grpc_addr);
-        self.workers = match args.workers_as {
+        match args.workers_as {
             WorkersAs::InProcess => {
-                let stop = CancellationToken::new();
-                let mut tasks = Vec::new();
+                if !matches!(self.workers, Workers::InProcess { .. }) {
+                    self.workers = Workers::InProcess {
+                        stop: CancellationToken::new(),
+                        tasks: Vec::new(),
+                    };
+                }
+                let Workers::InProcess { stop, tasks } = &mut self.workers else {
+                    unreachable!("set just above")
+                };
                 for i in 0..args.workers {
                     let mut opts = taskmesh_worker::WorkerOptions::new(vec![server.clone()]);
-                    opts.worker_id = format!("bench-{i}");
+                    opts.worker_id = format!("{prefix}-{i}");
                     opts.name = opts.worker_id.clone();
+                    opts.namespace = namespace.to_string();
                     opts.concurrency = args.worker_concurrency;
                     let worker = taskmesh_worker::Worker::new(opts)
                         .handler("echo", taskmesh_worker::builtin::Echo);
@@ -257,19 +279,24 @@ impl Rig {
                         }
                     }));
                 }
-                Workers::InProcess { stop, tasks }
             }
             WorkersAs::Processes => {
                 let bin = match &args.worker_bin {
                     Some(p) => p.clone(),
                     None => std::env::current_exe().context("locating the taskmesh binary")?,
                 };
-                let mut children = Vec::new();
+                if !matches!(self.workers, Workers::Processes(_)) {
+                    self.workers = Workers::Processes(Vec::new());
+                }
+                let Workers::Processes(children) = &mut self.workers else {
+                    unreachable!("set just above")
+                };
                 for i in 0..args.workers {
                     let child = tokio::process::Command::new(&bin)
                         .args(["worker", "--server", &server, "--handlers", "echo"])
                         .args(["--concurrency", &args.worker_concurrency.to_string()])
-                        .args(["--worker-id", &format!("bench-{i}"), "--log", "warn"])
+                        .args(["--worker-id", &format!("{prefix}-{i}"), "--log", "warn"])
+                        .args(["--namespace", namespace])
                         .stdin(std::process::Stdio::null())
                         .stdout(std::process::Stdio::null())
                         .kill_on_drop(true)
@@ -277,18 +304,24 @@ impl Rig {
                         .with_context(|| format!("starting {}", bin.display()))?;
                     children.push(child);
                 }
-                Workers::Processes(children)
             }
-        };
+        }
         let mut api = pb::task_api_client::TaskApiClient::new(self.channel.clone());
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let workers = api
-                .list_workers(pb::ListWorkersRequest::default())
+                .list_workers(pb::ListWorkersRequest {
+                    namespace: namespace.to_string(),
+                    ..Default::default()
+                })
                 .await?
                 .into_inner()
                 .workers;
-            if workers.len() >= args.workers {
+            let connected = workers
+                .iter()
+                .filter(|w| w.worker_id.starts_with(&format!("{prefix}-")))
+                .count();
+            if connected >= args.workers {
                 return Ok(());
             }
             if let Workers::Processes(children) = &mut self.workers {
@@ -300,8 +333,7 @@ impl Rig {
             }
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "only {} of {} workers connected within 30 s",
-                workers.len(),
+                "only {connected} of {} workers connected within 30 s",
                 args.workers
             );
             // Polling a condition with a deadline.
@@ -565,12 +597,18 @@ pub async fn client(
 
 /// One `echo` task as submitted by the bench.
 pub fn echo_request() -> pb::SubmitTaskRequest {
+    echo_request_in("")
+}
+
+/// An `echo` task of `namespace` (empty: the default).
+pub fn echo_request_in(namespace: &str) -> pb::SubmitTaskRequest {
     pb::SubmitTaskRequest {
         handler: "echo".into(),
         payload: Some(pb::Payload {
             data: b"{}".to_vec(),
             content_type: "application/json".into(),
         }),
+        namespace: namespace.to_string(),
         ..Default::default()
     }
 }

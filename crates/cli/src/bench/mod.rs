@@ -4,6 +4,7 @@
 
 mod cpu;
 mod cron;
+mod fairness;
 mod latency;
 mod load;
 mod scratch;
@@ -28,6 +29,10 @@ pub enum Scenario {
     /// Submit → dispatch / start / complete percentiles at a fixed
     /// arrival `--rate` for `--duration`.
     Latency,
+    /// A quiet namespace's wait (at `--rate`, default 100/s, for
+    /// `--duration`) alone and beside one flooding with `--tasks` (default
+    /// 200000).
+    Fairness,
 }
 
 /// Output forms.
@@ -48,7 +53,8 @@ pub struct BenchArgs {
     /// Output form.
     #[arg(long, short, value_enum, default_value_t = BenchOutput::Table)]
     output: BenchOutput,
-    /// Tasks per run (skew: default 1000; throughput: default 100000).
+    /// Tasks per run (skew: default 1000; throughput: default 100000;
+    /// fairness: the flood, default 200000).
     #[arg(long)]
     tasks: Option<usize>,
     #[command(flatten)]
@@ -111,6 +117,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             match args.output {
                 BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
                 BenchOutput::Table => throughput::print(&report),
+            }
+        }
+        Scenario::Fairness => {
+            let flood = args.tasks.unwrap_or(fairness::DEFAULT_FLOOD);
+            let report = fairness::run(&args.load, flood).await?;
+            match args.output {
+                BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                BenchOutput::Table => fairness::print(&report),
             }
         }
         Scenario::Latency => {
