@@ -262,3 +262,81 @@ async fn requests_without_a_body_hold_no_slot_and_are_answered_in_time() {
     }
     stop_node(node).await;
 }
+
+/// Regression: each `RegisterPushWorker` naming a silent address held its
+/// request slot for the whole probe (5 s), so a burst of them refused every
+/// other client. Now at most `MAX_PROBING` (64) are probed at once per node
+/// and the rest are refused at once; other calls stay fast meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_naming_a_silent_address_cannot_hold_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = node_options(dir.path());
+    opts.dispatcher.max_concurrent_requests = 128;
+    let node = start_node(opts).await;
+    let mut api = api(node.grpc_addr).await;
+    let id = submit(&mut api, "echo", b"{}").await;
+    // Accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", silent.local_addr().unwrap());
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            held.push(conn);
+        }
+    });
+    let d = DispatcherClient::new(channel(node.grpc_addr).await);
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..300 {
+        let mut d = d.clone();
+        let address = address.clone();
+        calls.spawn(async move {
+            d.register_push_worker(pb::RegisterPushWorkerRequest {
+                registration: Some(pb::WorkerRegistration {
+                    worker_id: format!("silent-{i}"),
+                    name: "silent".into(),
+                    handlers: vec!["echo".into()],
+                    capacity: 1,
+                    ..Default::default()
+                }),
+                address,
+                server_secret: "s".repeat(32),
+                ..Default::default()
+            })
+            .await
+        });
+    }
+    // Other calls meanwhile (100, a bounded loop).
+    let mut latencies = Vec::new();
+    for _ in 0..100 {
+        let started = std::time::Instant::now();
+        api.get_task(pb::GetTaskRequest {
+            task_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("other calls are not shed");
+        latencies.push(started.elapsed());
+    }
+    latencies.sort();
+    let p99 = latencies[99];
+    println!("other calls' p99 during 300 registrations probing a silent address: {p99:?}");
+    assert!(p99 < Duration::from_millis(100), "p99 {p99:?}");
+    let (mut refused, mut unanswered) = (0, 0);
+    while let Some(done) = calls.join_next().await {
+        match done.unwrap() {
+            Ok(r) => panic!("a silent address was registered: {r:?}"),
+            Err(s) if s.code() == Code::ResourceExhausted => refused += 1,
+            Err(s) => {
+                assert_eq!(s.code(), Code::FailedPrecondition, "{s:?}");
+                unanswered += 1;
+            }
+        }
+    }
+    println!("{refused} refused at once, {unanswered} probed and refused");
+    assert!(
+        refused >= 300 - 64 && unanswered <= 64,
+        "{refused} / {unanswered}"
+    );
+    holder.abort();
+    stop_node(node).await;
+}

@@ -80,6 +80,36 @@ pub struct PushWorkers {
     sessions: Arc<Mutex<HashMap<String, PushSession>>>,
     /// Cancelled when the node shuts down: every link ends.
     stop: CancellationToken,
+    /// Registrations being resolved and probed now.
+    probing: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Registrations resolved and probed at once on a node. A probe may wait
+/// seconds for a silent address; past this, registrations are refused at
+/// once instead of holding request slots that other clients need.
+pub(crate) const MAX_PROBING: usize = 64;
+
+/// A registration's place among those being probed, given back on drop.
+struct Probing(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Probing {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl PushWorkers {
+    fn start_probing(&self) -> Result<Probing, Status> {
+        use std::sync::atomic::Ordering;
+        let n = self.probing.fetch_add(1, Ordering::AcqRel);
+        let place = Probing(self.probing.clone());
+        if n >= MAX_PROBING {
+            return Err(Status::resource_exhausted(format!(
+                "{MAX_PROBING} push registrations are being probed on this server; retry with backoff"
+            )));
+        }
+        Ok(place)
+    }
 }
 
 struct PushSession {
@@ -141,6 +171,9 @@ pub(crate) async fn register(
         .ok_or_else(|| Status::invalid_argument("registration is required"))?;
     stream::validate_registration(&reg)?;
     let (host, port) = validate_address(&req.address)?;
+    // Held while the address is resolved and probed (seconds, for a silent
+    // one): bounded, so registrations cannot hold every request slot.
+    let _probing = shared.push.start_probing()?;
     // The policy first, before anything is dialled: an address it refuses
     // is the caller's mistake (or a probe of this server's network).
     let egress = std::sync::Arc::new(shared.opts.egress.clone());
