@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/taskmesh-target
 PY_VENV ?= $(HOME)/.cache/taskmesh-py
 
-.PHONY: run build test services fmt fmt-check lint unit proto-python buf examples-setup polyglot bench openapi schemathesis help
+.PHONY: run build test services fmt fmt-check lint unit proto-python buf examples-setup polyglot bench openapi schemathesis fuzz fuzz-short help
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -15,7 +15,7 @@ run: ## Start the embedded demo: a node on SQLite plus a local worker (echo, sle
 build: ## Build the taskmesh binary (debug)
 	$(CARGO) build -p taskmesh-cli --bin taskmesh
 
-test: services fmt-check lint build proto-python buf unit polyglot schemathesis ## Everything CI checks
+test: services fmt-check lint build proto-python buf unit polyglot schemathesis fuzz-short ## Everything CI checks
 
 services: ## Make sure the machine's Postgres, MariaDB and Redis answer (start them if not)
 	bash scripts/ensure-services.sh
@@ -38,6 +38,12 @@ bench: ## Balancer micro-benchmark (divan) and the skew scenario per strategy (r
 
 schemathesis: build ## Fuzz a real `taskmesh serve` through its served OpenAPI document (no 5xx, responses conform)
 	bash scripts/schemathesis.sh "$(CARGO_TARGET_DIR)/debug/taskmesh" "$(PY_VENV)"
+
+fuzz: ## Coverage-guided fuzzing (cargo-fuzz): each target in fuzz/ for FUZZ_SECONDS (60)
+	bash scripts/fuzz.sh $(or $(FUZZ_SECONDS),60)
+
+fuzz-short: ## The fuzz targets for 10 s each (part of `make test`)
+	bash scripts/fuzz.sh 10
 
 openapi: ## Regenerate docs/openapi.json from proto/ (a test fails while it is stale)
 	$(CARGO) run -q -p taskmesh-cli --bin taskmesh -- openapi > docs/openapi.json.tmp

@@ -268,6 +268,43 @@ impl Gateway {
     }
 }
 
+/// Entry points for the coverage-guided fuzz targets in `fuzz/`: the
+/// transcoder without a server around it. Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::sync::OnceLock;
+
+    use crate::rules::{Lookup, Routes};
+
+    fn routes() -> &'static Routes {
+        static ROUTES: OnceLock<Routes> = OnceLock::new();
+        ROUTES.get_or_init(|| {
+            let pool = crate::descriptor_pool().expect("the contract's descriptors");
+            Routes::load(&pool).expect("the contract's routes")
+        })
+    }
+
+    /// Routes `method` and `target` (path and query) as the gateway does,
+    /// then transcodes `body` both ways: as the JSON request body, and as
+    /// the protobuf answer of the route's RPC. Whatever the input, this
+    /// must return (an error is fine), never panic.
+    pub fn transcode(method: &[u8], target: &str, body: &[u8]) {
+        let Ok(method) = http::Method::from_bytes(method) else {
+            return;
+        };
+        let (path, query) = match target.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (target, None),
+        };
+        if let Lookup::Found(route, vars) = routes().lookup(&method, path) {
+            let _ = crate::transcode::request(route, &vars, query, body);
+            if let Ok((_, message)) = crate::transcode::response(route, body) {
+                let _ = crate::transcode::to_json(&message);
+            }
+        }
+    }
+}
+
 /// The descriptor pool of the contract.
 pub fn descriptor_pool() -> Result<DescriptorPool, Error> {
     DescriptorPool::decode(taskmesh::FILE_DESCRIPTOR_SET)
