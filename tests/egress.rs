@@ -38,6 +38,16 @@ async fn strict_node(dir: &std::path::Path) -> taskmesh_cli::node::RunningNode {
     start_node(opts).await
 }
 
+/// POST /api/tasks of an echo task with `callback_url`.
+async fn post_task(rest: &Rest, callback_url: &str) -> taskmesh_testkit::http::Reply {
+    rest.call(
+        Method::POST,
+        "/api/tasks",
+        Some(json!({"handler": "echo", "callbackUrl": callback_url})),
+    )
+    .await
+}
+
 fn registration(worker_id: &str) -> pb::WorkerRegistration {
     pb::WorkerRegistration {
         worker_id: worker_id.into(),
@@ -108,13 +118,7 @@ async fn ssrf_targets_are_refused_and_nothing_is_stored() {
             grpc.message().contains("does not connect to"),
             "{url}: {grpc:?}"
         );
-        let reply = rest
-            .call(
-                Method::POST,
-                "/api/tasks",
-                Some(json!({"handler": "echo", "callbackUrl": url})),
-            )
-            .await;
+        let reply = post_task(&rest, url).await;
         assert_error(&reply, 400, 3, "does not connect to");
         let reply = rest
             .call(
@@ -130,13 +134,7 @@ async fn ssrf_targets_are_refused_and_nothing_is_stored() {
         "https://user:password@example.com/hook",
         "https://token@example.com/hook",
     ] {
-        let reply = rest
-            .call(
-                Method::POST,
-                "/api/tasks",
-                Some(json!({"handler": "echo", "callbackUrl": url})),
-            )
-            .await;
+        let reply = post_task(&rest, url).await;
         assert_error(&reply, 400, 3, "credentials");
         assert!(
             !reply.json.to_string().contains("password@"),
@@ -223,13 +221,7 @@ async fn a_name_that_resolves_to_loopback_is_refused_when_delivered() {
     let receiver = CallbackReceiver::start_on(listener, None);
     let url = format!("http://{host}:{port}{}", taskmesh_testkit::callbacks::PATH);
 
-    let reply = rest
-        .call(
-            Method::POST,
-            "/api/tasks",
-            Some(json!({"handler": "echo", "callbackUrl": url})),
-        )
-        .await;
+    let reply = post_task(&rest, &url).await;
     assert_eq!(
         reply.status.as_u16(),
         202,
@@ -279,13 +271,7 @@ async fn failures_tell_a_class_not_what_answered() {
         (closed, "connect failed"),
         (silent, "timeout"),
     ] {
-        let reply = rest
-            .call(
-                Method::POST,
-                "/api/tasks",
-                Some(json!({"handler": "echo", "callbackUrl": format!("http://{target}/")})),
-            )
-            .await;
+        let reply = post_task(&rest, &format!("http://{target}/")).await;
         let id = reply.json["taskId"].as_str().unwrap().to_string();
         let task = rest
             .wait_callback(&id, "CALLBACK_STATE_FAILED", LIMIT)
@@ -350,13 +336,7 @@ async fn a_healthy_receiver_is_not_held_up_by_two_hundred_stalled_callbacks() {
     for id in &stalled_ids {
         rest.wait_state(id, "TASK_STATE_SUCCEEDED", LIMIT).await;
     }
-    let reply = rest
-        .call(
-            Method::POST,
-            "/api/tasks",
-            Some(json!({"handler": "echo", "callbackUrl": healthy.url()})),
-        )
-        .await;
+    let reply = post_task(&rest, &healthy.url()).await;
     let id = reply.json["taskId"].as_str().unwrap().to_string();
     let task = rest
         .wait_callback(&id, "CALLBACK_STATE_DELIVERED", LIMIT)
