@@ -69,10 +69,16 @@ where
 
     fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            let status = tonic::Status::resource_exhausted(format!(
+            let mut status = tonic::Status::resource_exhausted(format!(
                 "server is at its limit of {} requests in flight; retry with backoff",
                 self.limit
             ));
+            // A slot frees as soon as any request ends: a short hint,
+            // jittered so refused clients do not come back together.
+            let wait_ms = 50 + rand::random::<u64>() % 100;
+            status
+                .metadata_mut()
+                .insert(crate::error::RETRY_AFTER_MS, wait_ms.into());
             return Box::pin(async move { Ok(status.into_http()) });
         };
         // Take the service that was driven to readiness, leave a clone.
