@@ -138,11 +138,15 @@ impl SqlStore<SqliteBackend> {
                 base.clone()
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
-                    // A page cache of 64 MiB on the writer (the default is
+                    // A page cache of 16 MiB on the writer (the default is
                     // 2 MiB): under load the hot pages of the task table and
                     // its indexes no longer fall out between transactions,
-                    // which cost a pread() each time they came back.
-                    .pragma("cache_size", "-65536"),
+                    // which cost a pread() each time they came back. Not
+                    // more: every COMMIT scans the cache's hash table
+                    // (pcache1TruncateUnsafe, 5 % of the CPU at 64 MiB), and
+                    // 64 MiB drained 21 % fewer tasks/s than 16 MiB
+                    // (docs/BENCHMARKS.md).
+                    .pragma("cache_size", "-16384"),
             )
             .await?;
         MIGRATOR.run(&writer).await?;
