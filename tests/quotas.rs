@@ -95,9 +95,9 @@ async fn the_request_rate_is_per_namespace_and_says_when_to_retry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ready_backlog_is_bounded_per_namespace() {
-    // No refresh from the store during the test: a count read while a
-    // submit commits may count it twice (high by that, never low), which
-    // a limit of 3 would feel.
+    // No refresh from the store during the test (the node counts once,
+    // before it serves): a count read while a submit commits may count it
+    // twice (high by that, never low), which a limit of 3 would feel.
     let dir = tempfile::tempdir().unwrap();
     let mut opts = node_options(dir.path());
     opts.dispatcher.quotas = QuotaOptions {

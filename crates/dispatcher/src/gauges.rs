@@ -14,18 +14,26 @@ use tracing::debug;
 
 use crate::engine::Shared;
 
-/// Refreshes the gauges every `every` until `shutdown`.
-pub async fn run(shared: Shared, every: Duration, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(every);
+/// What the last refresh set: gauges that disappear are set to 0 once.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// (namespace, handler) pairs with a queue-depth gauge.
+    pub handlers: HashSet<(String, String)>,
+    /// Workers with an in-flight gauge.
+    pub workers: HashSet<String>,
+}
+
+/// Refreshes the gauges every `every` until `shutdown`, the first time
+/// `every` from now (the caller ran the first refresh).
+pub async fn run(shared: Shared, every: Duration, mut seen: Seen, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut handlers: HashSet<(String, String)> = HashSet::new();
-    let mut workers: HashSet<String> = HashSet::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        refresh(&shared, &mut handlers, &mut workers).await;
+        refresh(&shared, &mut seen.handlers, &mut seen.workers).await;
     }
 }
 

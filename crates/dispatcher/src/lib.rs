@@ -272,9 +272,14 @@ impl Dispatcher {
         health.probe().await;
         let health_task = tokio::spawn(health.run(shutdown.clone()));
         let engine = tokio::spawn(engine::run(shared.clone(), reaped, shutdown.clone()));
+        // The first refresh before the port opens: the gauges and the
+        // backlog quota start from the store's counts, not from zero.
+        let mut seen = gauges::Seen::default();
+        gauges::refresh(&shared, &mut seen.handlers, &mut seen.workers).await;
         let gauges = tokio::spawn(gauges::run(
             shared.clone(),
             opts.gauge_interval,
+            seen,
             shutdown.clone(),
         ));
 
