@@ -68,12 +68,7 @@ async fn the_request_rate_is_per_namespace_and_says_when_to_retry() {
         .await
         .expect_err("over the rate");
     assert_exhausted(&err, "request rate of 5/s");
-    let wait: u64 = err
-        .metadata()
-        .get("retry-after-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .expect("retry-after-ms metadata");
+    let wait = retry_after_ms(&err).expect("retry-after-ms metadata");
     assert!((1..=1_000).contains(&wait), "{wait} ms");
     let reply = rest.call(Method::GET, "/api/tasks?namespace=a", None).await;
     assert_eq!(reply.status.as_u16(), 429, "{:?}", reply.json);

@@ -71,12 +71,7 @@ async fn a_call_is_shed_while_another_holds_the_slot_and_a_live_stream_holds_non
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(refused.message(), MESSAGE);
-    let hint: u64 = refused
-        .metadata()
-        .get("retry-after-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .expect("a retry hint");
+    let hint = retry_after_ms(&refused).expect("a retry hint");
     assert!((50..150).contains(&hint), "{hint} ms");
     // While it is held, every call is refused at once, health checks too.
     let started = tokio::time::Instant::now();

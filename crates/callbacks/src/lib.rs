@@ -358,11 +358,13 @@ impl Inner {
 
     /// Posts the body; `Err` says why the receiver did not accept it.
     async fn post(&self, job: &CallbackJob, body: Vec<u8>) -> Result<(), Failure> {
-        let url = &job.delivery.url;
-        // A literal address never reaches the resolver: check it here.
-        if let Err(err) = self.opts.egress.check_url(url) {
-            return Err(Failure::fatal(egress::REFUSED, err.to_string()));
-        }
+        // A literal address never reaches the resolver: check it here (and
+        // hand reqwest the URL parsed once).
+        let url = self
+            .opts
+            .egress
+            .parse_url(&job.delivery.url)
+            .map_err(|err| Failure::fatal(egress::REFUSED, err.to_string()))?;
         let id = &job.delivery.delivery_id;
         let timestamp = self.clock.now_millis().div_euclid(1_000);
         let mut request = self

@@ -107,6 +107,12 @@ impl EgressPolicy {
     /// policy allows. Names are checked again at connect time, after
     /// resolution.
     pub fn check_url(&self, url: &str) -> Result<(), EgressError> {
+        self.parse_url(url).map(|_| ())
+    }
+
+    /// [`EgressPolicy::check_url`], keeping the parsed URL for the caller
+    /// that goes on to connect (so it is parsed once).
+    pub fn parse_url(&self, url: &str) -> Result<url::Url, EgressError> {
         // The parser forgives "http:///x" and "http:x" (WHATWG); a caller
         // who wrote them meant something else.
         let rest = url
@@ -137,12 +143,12 @@ impl EgressPolicy {
                     // RFC 6761: always loopback, whatever DNS says.
                     IpAddr::V4(Ipv4Addr::LOCALHOST)
                 } else {
-                    return Ok(());
+                    return Ok(parsed);
                 }
             }
         };
         if self.allows(ip) {
-            Ok(())
+            Ok(parsed)
         } else {
             Err(EgressError::Refused(ip.to_string()))
         }

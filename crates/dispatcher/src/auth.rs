@@ -364,8 +364,7 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = crate::layers::take_ready(&mut self.inner);
         let auth = self.auth.clone();
         Box::pin(async move {
             if !auth.enabled() {

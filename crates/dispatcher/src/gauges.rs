@@ -33,16 +33,12 @@ pub async fn run(shared: Shared, every: Duration, mut seen: Seen, shutdown: Canc
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        refresh(&shared, &mut seen.handlers, &mut seen.workers).await;
+        refresh(&shared, &mut seen).await;
     }
 }
 
 /// One refresh (also run by tests before they scrape).
-pub async fn refresh(
-    shared: &Shared,
-    handlers: &mut HashSet<(String, String)>,
-    workers: &mut HashSet<String>,
-) {
+pub async fn refresh(shared: &Shared, seen: &mut Seen) {
     let mark = shared.quotas.backlog_mark();
     match shared.store.ready_counts().await {
         Ok(counts) => {
@@ -56,7 +52,7 @@ pub async fn refresh(
             // The backlog quota starts again from the store's count.
             shared.quotas.refresh_ready(mark, per_namespace);
             let now: HashSet<(String, String)> = depth.keys().cloned().collect();
-            for (ns, h) in handlers.difference(&now) {
+            for (ns, h) in seen.handlers.difference(&now) {
                 metrics::gauge!(meters::QUEUE_DEPTH, "namespace" => ns.clone(), "handler" => h.clone())
                     .set(0.0);
             }
@@ -64,7 +60,7 @@ pub async fn refresh(
                 metrics::gauge!(meters::QUEUE_DEPTH, "namespace" => ns, "handler" => handler)
                     .set(n as f64);
             }
-            *handlers = now;
+            seen.handlers = now;
         }
         Err(err) => debug!(error = %err, "queue depth not refreshed"),
     }
@@ -77,11 +73,11 @@ pub async fn refresh(
             .or_default() += w.active;
     }
     let now: HashSet<String> = active.keys().cloned().collect();
-    for gone in workers.difference(&now) {
+    for gone in seen.workers.difference(&now) {
         metrics::gauge!(meters::WORKER_ACTIVE, "namespace" => gone.clone()).set(0.0);
     }
     for (ns, n) in active {
         metrics::gauge!(meters::WORKER_ACTIVE, "namespace" => ns).set(f64::from(n));
     }
-    *workers = now;
+    seen.workers = now;
 }

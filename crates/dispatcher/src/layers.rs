@@ -13,6 +13,14 @@ use futures::future::BoxFuture;
 use tokio::sync::Semaphore;
 use tower::{Layer, Service};
 
+/// Takes the inner service that `poll_ready` drove to readiness and leaves
+/// a clone in its place (tower's rule for services called from a future:
+/// the clone has not been polled ready, the taken one has).
+pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
+}
+
 /// Limits requests in flight; the rest are refused with RESOURCE_EXHAUSTED.
 #[derive(Debug, Clone)]
 pub struct ShedLayer {
@@ -81,9 +89,7 @@ where
                 .insert(crate::error::RETRY_AFTER_MS, wait_ms.into());
             return Box::pin(async move { Ok(status.into_http()) });
         };
-        // Take the service that was driven to readiness, leave a clone.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = take_ready(&mut self.inner);
         Box::pin(async move {
             let response = inner.call(req).await;
             drop(permit);
@@ -156,8 +162,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = take_ready(&mut self.inner);
         if streams_requests(req.uri().path()) {
             return Box::pin(inner.call(req));
         }

@@ -195,7 +195,7 @@ impl Dispatcher {
     /// Refreshes the queue-depth and worker gauges now (the node does it
     /// every `gauge_interval`).
     pub async fn refresh_gauges(shared: &Shared) {
-        gauges::refresh(shared, &mut Default::default(), &mut Default::default()).await;
+        gauges::refresh(shared, &mut Default::default()).await;
     }
 
     /// The shared state (for in-process callers such as the REST gateway).
@@ -275,7 +275,7 @@ impl Dispatcher {
         // The first refresh before the port opens: the gauges and the
         // backlog quota start from the store's counts, not from zero.
         let mut seen = gauges::Seen::default();
-        gauges::refresh(&shared, &mut seen.handlers, &mut seen.workers).await;
+        gauges::refresh(&shared, &mut seen).await;
         let gauges = tokio::spawn(gauges::run(
             shared.clone(),
             opts.gauge_interval,

@@ -123,6 +123,17 @@ impl Drop for WatchSlot {
     }
 }
 
+/// Adds `n` to `namespace`'s count, allocating its name only the first
+/// time (this runs on every submit).
+fn add(counts: &mut HashMap<String, u64>, namespace: &str, n: u64) {
+    match counts.get_mut(namespace) {
+        Some(c) => *c += n,
+        None => {
+            counts.insert(namespace.to_string(), n);
+        }
+    }
+}
+
 fn exhausted(message: String) -> Error {
     Error::ResourceExhausted {
         message,
@@ -155,7 +166,8 @@ impl Quotas {
         let Some(rate) = &self.rate else {
             return Ok(());
         };
-        // The common case looks the key up without allocating.
+        // The limiter is keyed by owned names: one small allocation per
+        // request (governor looks keys up by `&K` only).
         match rate.check_key(&namespace.to_string()) {
             Ok(()) => Ok(()),
             Err(not_until) => {
@@ -189,8 +201,8 @@ impl Quotas {
                  submit again once workers have taken some"
             )));
         }
-        *ready.estimate.entry(namespace.to_string()).or_insert(0) += n;
-        *ready.admitted.entry(namespace.to_string()).or_insert(0) += n;
+        add(&mut ready.estimate, namespace, n);
+        add(&mut ready.admitted, namespace, n);
         Ok(())
     }
 
@@ -201,7 +213,7 @@ impl Quotas {
             return;
         }
         let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
-        *ready.settled.entry(namespace.to_string()).or_insert(0) += n;
+        add(&mut ready.settled, namespace, n);
     }
 
     /// Taken right before the store's READY counts are read: what had

@@ -43,6 +43,15 @@ use tonic::transport::Channel;
 /// cannot depend on this kit); everything else uses it from here.
 pub use taskmesh_coord::conformance::wait_for;
 
+/// The `retry-after-ms` hint of a refusal, if it carries one.
+pub fn retry_after_ms(status: &tonic::Status) -> Option<u64> {
+    status
+        .metadata()
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
 pub use node::{api, channel, get, node_options, start_node, state, stop_node, submit};
 pub use process::{Child, free_port, now_ms};
 pub use raw::RawWorker;
