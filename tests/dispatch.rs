@@ -255,3 +255,123 @@ async fn an_output_over_the_payload_limit_fails_its_attempt_and_the_task_stays_r
     worker.close().await;
     stop_node(node).await;
 }
+
+fn millis(t: &Option<prost_types::Timestamp>) -> i64 {
+    let t = t.as_ref().expect("a timestamp");
+    t.seconds * 1_000 + i64::from(t.nanos) / 1_000_000
+}
+
+fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// An ACK is held in memory and written in front of the task's result, in
+/// the same write: with a hold of a minute, a task whose result follows its
+/// ACK still ends at once (had the result waited behind the ACK's hold, it
+/// would take a minute), and its RUNNING time is the ACK's arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_ack_is_written_with_the_result_without_waiting_for_the_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = node_options(dir.path());
+    opts.dispatcher.ack_timeout = Duration::from_secs(240);
+    opts.dispatcher.ack_hold = Duration::from_secs(60);
+    let node = start_node(opts).await;
+    let api = api(node.grpc_addr).await;
+    let mut worker = RawWorker::connect(node.grpc_addr, "held", &["echo"], 1).await;
+    let id = submit(&mut api.clone(), "echo", b"{}").await;
+    let a = worker
+        .next_assign(Duration::from_secs(10))
+        .await
+        .expect("an assignment");
+    let acked = unix_now_ms();
+    worker.ack(&a).await;
+    worker.succeed(&a).await;
+    let t = wait_task_state(&api, &id, pb::TaskState::Succeeded, Duration::from_secs(30)).await;
+    let times = t.state_times.expect("state times");
+    let running = millis(&times.running_time);
+    assert!(
+        running >= acked - 5 && running <= millis(&times.end_time),
+        "RUNNING at the ACK's arrival ({running}), sent at {acked}, ended {}",
+        millis(&times.end_time)
+    );
+    assert_eq!(t.attempts.len(), 1, "{:?}", t.attempts);
+    worker.close().await;
+    stop_node(node).await;
+}
+
+/// A task still running when the hold passes has its ACK written alone:
+/// it shows RUNNING, never before the hold has passed, dated at the ACK's
+/// arrival rather than at the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_ack_of_a_running_task_is_written_once_the_hold_passes() {
+    const HOLD: Duration = Duration::from_millis(1_500);
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = node_options(dir.path());
+    opts.dispatcher.ack_hold = HOLD;
+    let node = start_node(opts).await;
+    let api = api(node.grpc_addr).await;
+    let mut worker = RawWorker::connect(node.grpc_addr, "held-long", &["echo"], 1).await;
+    let id = submit(&mut api.clone(), "echo", b"{}").await;
+    let a = worker
+        .next_assign(Duration::from_secs(10))
+        .await
+        .expect("an assignment");
+    let sent = std::time::Instant::now();
+    let acked = unix_now_ms();
+    worker.ack(&a).await;
+    let t = wait_task_state(&api, &id, pb::TaskState::Running, Duration::from_secs(10)).await;
+    let seen_after = sent.elapsed();
+    assert!(
+        seen_after >= HOLD,
+        "RUNNING was written {seen_after:?} after the ACK, before the hold of {HOLD:?}"
+    );
+    let running = millis(&t.state_times.expect("state times").running_time);
+    assert!(
+        running >= acked - 5 && running < acked + HOLD.as_millis() as i64,
+        "RUNNING dated {running}, the ACK was sent at {acked}"
+    );
+    worker.succeed(&a).await;
+    wait_task_state(&api, &id, pb::TaskState::Succeeded, Duration::from_secs(10)).await;
+    worker.close().await;
+    stop_node(node).await;
+}
+
+/// A slot freed by a result wakes the engine, but a handler whose last
+/// claim found it empty is not claimed again until a task becomes READY
+/// (or the 500 ms safety tick passes): one claim transaction per task, not
+/// one more per result. Fails with a claim after every result (about two
+/// per task).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_slot_costs_no_claim_while_nothing_is_ready() {
+    const TASKS: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let api = api(node.grpc_addr).await;
+    let mut worker = RawWorker::connect(node.grpc_addr, "one-by-one", &["echo"], 4).await;
+    let started = std::time::Instant::now();
+    let claims_before = node.dispatch_stats.snapshot().1;
+    for _ in 0..TASKS {
+        let id = submit(&mut api.clone(), "echo", b"{}").await;
+        let a = worker
+            .next_assign(Duration::from_secs(10))
+            .await
+            .expect("an assignment");
+        assert_eq!(a.task_id, id);
+        worker.ack(&a).await;
+        worker.succeed(&a).await;
+        wait_task_state(&api, &id, pb::TaskState::Succeeded, Duration::from_secs(10)).await;
+    }
+    let claims = node.dispatch_stats.snapshot().1 - claims_before;
+    // One per task, one per safety tick, one spare for a round in flight.
+    let ticks = started.elapsed().as_millis() as u64 / 500 + 1;
+    assert!(
+        claims <= TASKS + ticks + 1,
+        "{claims} claim transactions for {TASKS} tasks in {:?}",
+        started.elapsed()
+    );
+    worker.close().await;
+    stop_node(node).await;
+}

@@ -162,7 +162,7 @@ impl Deliverer {
     }
 
     /// Delivers due callbacks until `shutdown`: claims whenever a slot is
-    /// free and something is due — when a task ends on this node, when a
+    /// free and something is due — when a task with a callback ends, when a
     /// try ends, when the earliest retry is due, and at least every
     /// `idle_poll`. Tries still running at shutdown are dropped; their
     /// leases bring them back.
@@ -213,7 +213,9 @@ impl Deliverer {
                     _ = &mut sleep => break,
                     Some(_) = running.join_next(), if !running.is_empty() => break,
                     change = changes.recv() => match change {
-                        Ok(c) if c.state.is_terminal() => break,
+                        // Only a change that queued a callback can make one
+                        // due now: other ends (most of them) cost no round.
+                        Ok(c) if c.callback || c.is_resync() => break,
                         Ok(_) => {}
                         Err(RecvError::Lagged(_)) => break,
                         Err(RecvError::Closed) => {

@@ -9,6 +9,8 @@ pub const GRPC_ADDR: &str = "TASKMESH_GRPC_ADDR";
 pub const HTTP_ADDR: &str = "TASKMESH_HTTP_ADDR";
 /// ACK timeout (`serve`), e.g. "10s".
 pub const ACK_TIMEOUT: &str = "TASKMESH_ACK_TIMEOUT";
+/// `serve --ack-hold`.
+pub const ACK_HOLD: &str = "TASKMESH_ACK_HOLD";
 /// Heartbeat interval asked of workers (`serve`), e.g. "5s".
 pub const HEARTBEAT_INTERVAL: &str = "TASKMESH_HEARTBEAT_INTERVAL";
 /// Largest payload accepted at submit, in bytes (`serve`).

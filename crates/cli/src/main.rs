@@ -68,6 +68,12 @@ struct ServeArgs {
     /// A push not ACKed within this is taken back and re-dispatched.
     #[arg(long, env = env::ACK_TIMEOUT, default_value = "10s", value_parser = humantime::parse_duration)]
     ack_timeout: Duration,
+    /// How long a worker's ACK may be held in memory before it is written:
+    /// a task ending sooner is written once (ACK and result together);
+    /// one still running shows RUNNING after this. 0 writes every ACK at
+    /// once. At most half the ACK timeout.
+    #[arg(long, env = env::ACK_HOLD, default_value = "100ms", value_parser = humantime::parse_duration)]
+    ack_hold: Duration,
     /// Heartbeat interval asked of workers; three missed ones lose the worker.
     #[arg(long, env = env::HEARTBEAT_INTERVAL, default_value = "5s", value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
@@ -259,6 +265,10 @@ struct WorkerArgs {
     /// worker_id) to this file before it runs.
     #[arg(long)]
     ledger: Option<PathBuf>,
+    /// Bench tool: append `task_id unix_micros` to this file as each
+    /// handler starts (how `taskmesh bench` sees the start from the worker).
+    #[arg(long, hide = true, value_name = "FILE")]
+    start_stamps: Option<PathBuf>,
     /// Push mode: instead of holding a stream, serve the taskmesh.v1.Worker
     /// gRPC service on this address (e.g. 127.0.0.1:7070; port 0 picks one)
     /// and register it with the server, which then calls Worker.Execute for
@@ -319,6 +329,7 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
     opts.grpc_addr = args.grpc_addr;
     opts.http_addr = args.http_addr;
     opts.dispatcher.ack_timeout = args.ack_timeout;
+    opts.dispatcher.ack_hold = args.ack_hold;
     opts.dispatcher.heartbeat_interval = args.heartbeat_interval;
     opts.dispatcher.max_payload_bytes = args.max_payload_bytes;
     opts.dispatcher.max_concurrent_requests = args.max_concurrent_requests;
@@ -458,6 +469,13 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let stamps =
+        match &args.start_stamps {
+            Some(path) => Some(ledger::Ledgered::open(path).map_err(|e| {
+                anyhow::anyhow!("cannot open the stamps file {}: {e}", path.display())
+            })?),
+            None => None,
+        };
     let mut worker = taskmesh_worker::Worker::new(opts);
     for name in &args.handlers {
         let handler = taskmesh_worker::builtin::builtin(name).ok_or_else(|| {
@@ -472,6 +490,10 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
                 file.clone(),
                 worker_id.clone(),
             )),
+            None => handler,
+        };
+        let handler: std::sync::Arc<dyn taskmesh_worker::Handler> = match &stamps {
+            Some(file) => std::sync::Arc::new(ledger::Stamped::new(handler, file.clone())),
             None => handler,
         };
         worker.add_handler(name.as_str(), handler);

@@ -125,6 +125,10 @@ pub enum Event {
     Ack {
         /// Attempt being ACKed.
         execution_id: String,
+        /// When the worker's ACK arrived, when it is written later (an ACK
+        /// held to be written with the result): RUNNING is entered, and the
+        /// execution deadline counts, from then (never after the write).
+        at: Option<UnixMillis>,
     },
     /// The handler succeeded.
     Succeed {
@@ -308,14 +312,15 @@ pub fn apply(
                 message: String::new(),
             });
         }
-        Event::Ack { execution_id } => {
+        Event::Ack { execution_id, at } => {
             if task.state != Dispatching {
                 return Err(illegal());
             }
             check_exec(execution_id)?;
-            enter(&mut next, Running, now);
+            let acked = at.map_or(now, |at| at.min(now));
+            enter(&mut next, Running, acked);
             next.run_count = task.run_count + 1;
-            next.next_at = Some(now.saturating_add(task.timeout_ms));
+            next.next_at = Some(acked.saturating_add(task.timeout_ms));
         }
         Event::Succeed {
             execution_id,

@@ -6,6 +6,7 @@
 //! READY → DISPATCHING for that stream (the claim); every path that ends an
 //! attempt goes through the store first and frees the registry slot after.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -62,6 +63,9 @@ pub struct Shared {
     pub cluster_key: Arc<std::sync::OnceLock<Vec<u8>>>,
     /// Quotas and rates per namespace.
     pub quotas: Arc<crate::quota::Quotas>,
+    /// Handlers known to have nothing READY (shared by the engine's claims
+    /// and the submitter's dispatch at submit).
+    pub(crate) drained: Arc<std::sync::Mutex<Drained>>,
 }
 
 impl Shared {
@@ -199,21 +203,88 @@ pub fn outcome_of(event: &Event) -> Option<bool> {
     }
 }
 
-/// Runs the claim-and-push loop until `shutdown`.
-pub async fn run(shared: Shared, mut reaped: mpsc::Receiver<Reaped>, shutdown: CancellationToken) {
+/// Which handlers are known to have nothing READY: a claim that took every
+/// candidate it saw and still came back short found the handler empty, and
+/// nothing can be READY for it again until a change makes a task READY.
+/// So a round skips such a handler until the next READY change (of any
+/// handler: [`Drained::ready_changed`]), a lagging feed, or the safety tick:
+/// a slot freed by a result (once per task) no longer costs a claim
+/// transaction that finds nothing.
+///
+/// Why this is safe: a change is published after its commit, and every
+/// change received before a claim starts bumps the epoch first, so a task
+/// the claim could not see arrives as a change after it, and bumps the
+/// epoch past the mark.
+#[derive(Debug, Default)]
+pub(crate) struct Drained {
+    epoch: u64,
+    /// namespace → handler → the epoch its claim found it empty.
+    empty_at: HashMap<String, HashMap<String, u64>>,
+}
+
+impl Drained {
+    /// Something may have become READY (or the feed cannot say).
+    pub(crate) fn ready_changed(&mut self) {
+        self.epoch += 1;
+    }
+
+    /// True when the handler's last claim found it empty and nothing has
+    /// become READY since.
+    pub(crate) fn is_empty(&self, namespace: &str, handler: &str) -> bool {
+        self.empty_at
+            .get(namespace)
+            .and_then(|h| h.get(handler))
+            .is_some_and(|&at| at == self.epoch)
+    }
+
+    fn found(&mut self, namespace: &str, handler: &str, empty: bool) {
+        if empty {
+            let epoch = self.epoch;
+            match self.empty_at.get_mut(namespace) {
+                Some(h) => match h.get_mut(handler) {
+                    Some(at) => *at = epoch,
+                    None => {
+                        h.insert(handler.to_string(), epoch);
+                    }
+                },
+                None => {
+                    let h = HashMap::from([(handler.to_string(), epoch)]);
+                    self.empty_at.insert(namespace.to_string(), h);
+                }
+            }
+        } else if let Some(h) = self.empty_at.get_mut(namespace) {
+            h.remove(handler);
+        }
+    }
+}
+
+/// Runs the claim-and-push loop until `shutdown`; also pushes the tasks the
+/// submitter claimed at submit (`pushes`).
+pub async fn run(
+    shared: Shared,
+    mut reaped: mpsc::Receiver<Reaped>,
+    mut pushes: mpsc::UnboundedReceiver<TaskRecord>,
+    shutdown: CancellationToken,
+) {
     let mut changes = shared.store.subscribe();
     // A safety net: a wake-up lost to a lagging subscriber costs at most this.
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ready_changed = || lock(&shared.drained).ready_changed();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
+            Some(task) = pushes.recv() => {
+                shared.stats.claimed.fetch_add(1, Ordering::Relaxed);
+                push(&shared, task).await;
+                continue;
+            }
             _ = shared.wake.notified() => {}
-            _ = tick.tick() => {}
+            _ = tick.tick() => ready_changed(),
             change = changes.recv() => {
                 match change {
-                    Ok(c) if c.state != TaskState::Ready => continue,
-                    _ => {}
+                    Ok(c) if c.state != TaskState::Ready && !c.is_resync() => continue,
+                    _ => ready_changed(),
                 }
             }
             Some(r) = reaped.recv() => {
@@ -223,13 +294,23 @@ pub async fn run(shared: Shared, mut reaped: mpsc::Receiver<Reaped>, shutdown: C
         }
         // Coalesce: one round serves every change already queued (a burst
         // of new tasks from one commit costs one claim, not one each).
-        while let Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) =
-            changes.try_recv()
-        {}
+        loop {
+            match changes.try_recv() {
+                Ok(c) if c.state != TaskState::Ready && !c.is_resync() => {}
+                Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {
+                    ready_changed()
+                }
+                Err(_) => break,
+            }
+        }
         if let Err(err) = dispatch_round(&shared).await {
             warn!(error = %err, "dispatch round failed");
         }
     }
+}
+
+fn lock(drained: &std::sync::Mutex<Drained>) -> std::sync::MutexGuard<'_, Drained> {
+    drained.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn on_reaped(shared: &Shared, reaped: Reaped) {
@@ -280,17 +361,25 @@ async fn dispatch_round(shared: &Shared) -> Result<(), taskmesh_store::Error> {
         }
         let mut pushed = 0usize;
         for ((namespace, handler), slots) in free {
+            if lock(&shared.drained).is_empty(&namespace, &handler) {
+                continue;
+            }
             let limit = (slots as usize).min(shared.opts.claim_batch);
             let now = shared.clock.now_millis();
             let ack_deadline = now + shared.opts.ack_timeout.as_millis() as i64;
             let registry = shared.registry.clone();
             let mut chosen: Vec<(String, String)> = Vec::new();
+            let mut refused = 0usize;
             let mut chooser = |task: &TaskRecord| {
                 let execution_id = id::new_execution_id();
-                let Reserved {
+                let Some(Reserved {
                     session_id,
                     worker_id,
-                } = registry.reserve(task, &execution_id)?;
+                }) = registry.reserve(task, &execution_id)
+                else {
+                    refused += 1;
+                    return None;
+                };
                 chosen.push((execution_id.clone(), session_id));
                 Some(Claim {
                     execution_id,
@@ -313,6 +402,13 @@ async fn dispatch_round(shared: &Shared) -> Result<(), taskmesh_store::Error> {
                     return Err(err);
                 }
             };
+            // Short with no candidate refused: the claim saw every READY
+            // task of the handler and took them all.
+            lock(&shared.drained).found(
+                &namespace,
+                &handler,
+                claimed.len() < limit && refused == 0,
+            );
             // Reserved slots whose task was not written (cannot happen with a
             // single writer, but never leak a slot).
             for (exec, _) in &chosen {

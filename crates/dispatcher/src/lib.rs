@@ -58,6 +58,9 @@ pub use task_api::TaskApiService;
 pub struct DispatcherOptions {
     /// A push not ACKed within this is taken back and sent elsewhere.
     pub ack_timeout: Duration,
+    /// How long a stream's ACK is held in memory to be written with the
+    /// task's result (`batcher` module); at most half `ack_timeout`.
+    pub ack_hold: Duration,
     /// How often workers must send a heartbeat; three missed ones lose the stream.
     pub heartbeat_interval: Duration,
     /// Largest task payload accepted at submit.
@@ -99,6 +102,7 @@ impl Default for DispatcherOptions {
     fn default() -> Self {
         Self {
             ack_timeout: Duration::from_secs(10),
+            ack_hold: Duration::from_millis(100),
             heartbeat_interval: Duration::from_secs(5),
             max_payload_bytes: 1024 * 1024,
             max_message_bytes: 4 * 1024 * 1024,
@@ -125,6 +129,7 @@ impl Default for DispatcherOptions {
 pub struct Dispatcher {
     shared: Shared,
     reaped: mpsc::Receiver<Reaped>,
+    pushes: mpsc::UnboundedReceiver<taskmesh_core::TaskRecord>,
 }
 
 impl Dispatcher {
@@ -139,6 +144,15 @@ impl Dispatcher {
         reaped: mpsc::Receiver<Reaped>,
     ) -> Self {
         let registry = Registry::new(opts.balancer.clone());
+        let ack_hold = opts.ack_hold.min(opts.ack_timeout / 2);
+        let drained = Arc::new(std::sync::Mutex::new(engine::Drained::default()));
+        let (push_tx, pushes) = mpsc::unbounded_channel();
+        let at_submit = submitter::AtSubmit {
+            registry: registry.clone(),
+            drained: drained.clone(),
+            ack_timeout: opts.ack_timeout,
+            pushes: push_tx,
+        };
         let authenticator = Arc::new(auth::Authenticator::new(
             store.clone(),
             clock.clone(),
@@ -155,14 +169,21 @@ impl Dispatcher {
                 wake: Arc::new(Notify::new()),
                 scheduler,
                 breakers,
-                batcher: Batcher::start(store.clone(), clock.clone(), 1_024),
-                submitter: Submitter::start(store.clone(), clock.clone(), 1_000),
+                batcher: Batcher::start(store.clone(), clock.clone(), 1_024, ack_hold),
+                submitter: Submitter::start_with(
+                    store.clone(),
+                    clock.clone(),
+                    1_000,
+                    Some(at_submit),
+                ),
+                drained,
                 stats: Arc::default(),
                 push: Default::default(),
                 store,
                 clock,
             },
             reaped,
+            pushes,
         }
     }
 
@@ -249,7 +270,11 @@ impl Dispatcher {
         IO::ConnectInfo: Clone + Send + Sync + 'static,
         IE: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let Dispatcher { shared, reaped } = self;
+        let Dispatcher {
+            shared,
+            reaped,
+            pushes,
+        } = self;
         let opts = shared.opts.clone();
         // Assignment secrets need the cluster key before the first push.
         if shared.cluster_key.get().is_none() {
@@ -271,7 +296,12 @@ impl Dispatcher {
         );
         health.probe().await;
         let health_task = tokio::spawn(health.run(shutdown.clone()));
-        let engine = tokio::spawn(engine::run(shared.clone(), reaped, shutdown.clone()));
+        let engine = tokio::spawn(engine::run(
+            shared.clone(),
+            reaped,
+            pushes,
+            shutdown.clone(),
+        ));
         // The first refresh before the port opens: the gauges and the
         // backlog quota start from the store's counts, not from zero.
         let mut seen = gauges::Seen::default();

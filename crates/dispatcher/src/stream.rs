@@ -386,11 +386,16 @@ pub(crate) async fn on_ack(
     }
     let event = Event::Ack {
         execution_id: ack.execution_id.clone(),
+        at: Some(shared.clock.now_millis()),
     };
-    let pending = shared.batcher.enqueue(&ack.task_id, event).await;
+    // Held, not written at once: it goes in front of the result in the
+    // same write, or alone after the hold bound (`batcher` module).
+    let pending = shared.batcher.hold_ack(&ack.task_id, event).await;
     let (shared, tx) = (shared.clone(), tx.clone());
     Some(Box::pin(async move {
         match pending.await {
+            // Answered once durable, as before it was held: workers count
+            // one receipt per ACK, then the result's.
             Ok(task) => {
                 debug!(task_id = %ack.task_id, attempt = task.attempt, execution_id = %ack.execution_id, "task running");
                 receipt(&tx, &ack.task_id, &ack.execution_id, Ok(()));

@@ -9,13 +9,104 @@
 //! At 1,000 single submits a second on SQLite this is what keeps the single
 //! writer from spending itself on a thousand commits a second while the
 //! claims and the workers' ACKs queue behind them.
+//!
+//! **Dispatch at submit** ([`AtSubmit`]): when a handler has nothing READY
+//! (its last claim found it empty, `engine::Drained`) and one of this
+//! node's streams has a free slot, a new task is written already claimed
+//! for that stream, in the submit's own transaction
+//! (`Store::create_tasks_dispatching`), and pushed after the commit: one
+//! durable write between submit and start instead of two (the create, then
+//! the engine's claim). A handler with a backlog is left to the engine, so
+//! a new task never overtakes older READY ones.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use taskmesh_core::{Clock, NewTask};
-use taskmesh_store::{Created, Error, Store};
+use taskmesh_core::{Clock, NewTask, TaskRecord, TaskState, id};
+use taskmesh_store::{Claim, Created, Error, Store};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
+
+use crate::engine::Drained;
+use crate::registry::{Registry, Reserved};
+
+/// What dispatching at submit needs: the streams, what the engine knows of
+/// READY backlogs, the ACK timeout, and where claimed tasks go to be pushed
+/// (the engine's loop, after the commit).
+pub(crate) struct AtSubmit {
+    pub(crate) registry: Registry,
+    pub(crate) drained: Arc<Mutex<Drained>>,
+    pub(crate) ack_timeout: Duration,
+    pub(crate) pushes: mpsc::UnboundedSender<TaskRecord>,
+}
+
+impl AtSubmit {
+    /// Writes `tasks`, each new READY task of a handler without a backlog
+    /// claimed for a free stream of this node; claimed ones are handed to
+    /// the engine to push, reservations not written are given back.
+    async fn create(
+        &self,
+        store: &dyn Store,
+        tasks: Vec<(NewTask, String)>,
+        now: taskmesh_core::UnixMillis,
+    ) -> Result<Vec<Result<Created, Error>>, Error> {
+        let ack_deadline = now.saturating_add(self.ack_timeout.as_millis() as i64);
+        let mut chosen: Vec<String> = Vec::new();
+        let mut chooser = |task: &TaskRecord| {
+            let backlog = !self
+                .drained
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty(&task.namespace, &task.handler);
+            if backlog {
+                return None;
+            }
+            let execution_id = id::new_execution_id();
+            let Reserved { worker_id, .. } = self.registry.reserve(task, &execution_id)?;
+            chosen.push(execution_id.clone());
+            Some(Claim {
+                execution_id,
+                worker_id,
+                ack_deadline,
+            })
+        };
+        let result = store
+            .create_tasks_dispatching(tasks, now, &mut chooser)
+            .await;
+        if chosen.is_empty() {
+            return result;
+        }
+        let mut pushed = 0;
+        if let Ok(results) = &result {
+            for created in results.iter().flatten() {
+                let t = &created.task;
+                if !created.existing
+                    && t.state == TaskState::Dispatching
+                    && t.execution_id.as_ref().is_some_and(|e| chosen.contains(e))
+                {
+                    pushed += 1;
+                    // The engine outlives the submitter's callers; if it
+                    // has stopped, the ACK timeout takes the task back.
+                    let _ = self.pushes.send(t.clone());
+                }
+            }
+        }
+        if pushed < chosen.len() {
+            // Claims the store did not write (a refused batch goes row by
+            // row without them; a failed one writes nothing).
+            let written: std::collections::HashSet<&str> = result
+                .iter()
+                .flatten()
+                .flatten()
+                .filter_map(|c| c.task.execution_id.as_deref())
+                .collect();
+            for exec in chosen.iter().filter(|e| !written.contains(e.as_str())) {
+                self.registry.finish(exec);
+            }
+        }
+        result
+    }
+}
 
 struct Job {
     tasks: Vec<(NewTask, String)>,
@@ -32,6 +123,16 @@ impl Submitter {
     /// Starts the writer task; a transaction takes queued requests until it
     /// holds at least `max_batch` tasks (one request is never split).
     pub fn start(store: Arc<dyn Store>, clock: Arc<dyn Clock>, max_batch: usize) -> Self {
+        Self::start_with(store, clock, max_batch, None)
+    }
+
+    /// [`Submitter::start`], dispatching at submit with `at_submit`.
+    pub(crate) fn start_with(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        max_batch: usize,
+        at_submit: Option<AtSubmit>,
+    ) -> Self {
         let max_batch = max_batch.max(1);
         // Bounded: past this many queued requests callers wait (and the
         // shedding layer refuses new calls past its limit); nothing is dropped.
@@ -57,14 +158,24 @@ impl Submitter {
                     continue;
                 }
                 let now = clock.now_millis();
+                let create = |tasks: Vec<(NewTask, String)>| {
+                    let store = store.as_ref();
+                    let at_submit = at_submit.as_ref();
+                    async move {
+                        match at_submit {
+                            Some(at) => at.create(store, tasks, now).await,
+                            None => store.create_tasks(tasks, now).await,
+                        }
+                    }
+                };
                 if jobs.len() == 1 {
                     let job = jobs.pop().expect("one job");
-                    let _ = job.reply.send(store.create_tasks(job.tasks, now).await);
+                    let _ = job.reply.send(create(job.tasks).await);
                     continue;
                 }
                 let batch: Vec<(NewTask, String)> =
                     jobs.iter().flat_map(|j| j.tasks.iter().cloned()).collect();
-                match store.create_tasks(batch, now).await {
+                match create(batch).await {
                     Ok(results) => {
                         let mut results = results.into_iter();
                         for job in jobs.drain(..) {

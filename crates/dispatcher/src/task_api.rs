@@ -252,6 +252,8 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             meters::submitted(&t.namespace, &t.handler, 1);
             match t.state {
                 TaskState::Ready => self.shared.wake.notify_one(),
+                // Claimed at submit: the engine pushes it; nothing waits.
+                TaskState::Dispatching => {}
                 _ => self.shared.scheduler.wake(),
             }
         }
@@ -430,6 +432,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         let now = self.shared.clock.now_millis();
         let event = Event::Ack {
             execution_id: req.execution_id,
+            at: None,
         };
         let task = self
             .shared
@@ -589,6 +592,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                             *per_handler.entry(key).or_default() += 1;
                             match c.task.state {
                                 TaskState::Ready => ready = true,
+                                TaskState::Dispatching => {}
                                 _ => later = true,
                             }
                         }

@@ -176,6 +176,7 @@ impl Fixture {
             id,
             Event::Ack {
                 execution_id: exec.clone(),
+                at: None,
             },
         )
         .await
@@ -569,9 +570,15 @@ async fn the_leader_takes_back_attempts_of_a_worker_gone_from_the_registry() {
     )
     .await
     .unwrap();
-    f.step(&t.id, Event::Ack { execution_id: exec })
-        .await
-        .unwrap();
+    f.step(
+        &t.id,
+        Event::Ack {
+            execution_id: exec,
+            at: None,
+        },
+    )
+    .await
+    .unwrap();
     // A moment after the push it is left alone (the registry may lag).
     f.round_at(T0 + SEC).await;
     assert_eq!(f.task(&t.id).await.state, TaskState::Running);

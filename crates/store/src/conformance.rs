@@ -60,6 +60,7 @@ macro_rules! store_conformance_suite {
             missing_task_not_found,
             terminal_stays_terminal,
             claim_order_limit_and_chooser,
+            create_dispatching_claims_new_ready_tasks,
             concurrent_claimers_never_double_claim,
             due_tasks_after_run_at,
             in_flight_by_worker,
@@ -130,6 +131,7 @@ fn dispatch(execution_id: &str, worker_id: &str, ack_deadline: UnixMillis) -> Ev
 fn ack(execution_id: &str) -> Event {
     Event::Ack {
         execution_id: execution_id.into(),
+        at: None,
     }
 }
 
@@ -237,7 +239,10 @@ pub use callbacks::{
     callback_claims_lease_and_outcomes, callback_queued_with_terminal_transition,
     callbacks_survive_reopen,
 };
-pub use claims::{claim_order_limit_and_chooser, concurrent_claimers_never_double_claim};
+pub use claims::{
+    claim_order_limit_and_chooser, concurrent_claimers_never_double_claim,
+    create_dispatching_claims_new_ready_tasks,
+};
 pub use clock::store_clock_corrects_a_skewed_host;
 pub use cluster::{
     changes_reach_the_other_replica_once, racing_batches_on_the_same_tasks_write_each_once,

@@ -106,6 +106,24 @@ pub trait Store: Send + Sync + 'static {
         now: UnixMillis,
     ) -> Result<Vec<Result<Created>>>;
 
+    /// [`Store::create_tasks`], offering each new task that is READY at once
+    /// (not delayed, not an idempotent repeat) to `chooser` inside the same
+    /// transaction: a task it gives a [`Claim`] is written already
+    /// DISPATCHING for that claim, its attempt opened, exactly as
+    /// [`Store::claim_ready`] would have written it a commit later — one
+    /// durable write between submit and start. A store may offer none (the
+    /// default, and on the row-by-row fallback after a refused batch): the
+    /// caller learns which were claimed from the tasks it gets back.
+    async fn create_tasks_dispatching(
+        &self,
+        tasks: Vec<(NewTask, String)>,
+        now: UnixMillis,
+        chooser: &mut Chooser<'_>,
+    ) -> Result<Vec<Result<Created>>> {
+        let _ = chooser;
+        self.create_tasks(tasks, now).await
+    }
+
     /// One task with its attempts, oldest first.
     async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>>;
 

@@ -70,6 +70,19 @@ impl<S: Store> Store for Metered<S> {
         timed("create_tasks", self.inner.create_tasks(tasks, now)).await
     }
 
+    async fn create_tasks_dispatching(
+        &self,
+        tasks: Vec<(NewTask, String)>,
+        now: UnixMillis,
+        chooser: &mut Chooser<'_>,
+    ) -> Result<Vec<Result<Created>>> {
+        timed(
+            "create_tasks",
+            self.inner.create_tasks_dispatching(tasks, now, chooser),
+        )
+        .await
+    }
+
     async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>> {
         timed("get_task", self.inner.get_task(id)).await
     }

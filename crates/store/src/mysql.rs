@@ -191,7 +191,11 @@ impl MysqlOptions {
         }
         // Statements compare bound text with utf8mb4_bin columns: the
         // connection's collation must be the same.
-        Ok(connect.charset("utf8mb4").collation("utf8mb4_bin"))
+        // Every statement stays prepared (as on Postgres and SQLite).
+        Ok(connect
+            .charset("utf8mb4")
+            .collation("utf8mb4_bin")
+            .statement_cache_capacity(crate::sql::STATEMENT_CACHE))
     }
 }
 

@@ -140,7 +140,11 @@ impl PostgresOptions {
             .url
             .parse()
             .map_err(|e| Error::InvalidArgument(format!("bad postgres url: {e}")))?;
-        connect = connect.application_name("taskmesh");
+        // Every statement stays prepared (about 150 texts with the ladder
+        // sizes; sqlx keeps 100 by default and re-prepares what it evicts).
+        connect = connect
+            .application_name("taskmesh")
+            .statement_cache_capacity(crate::sql::STATEMENT_CACHE);
         if let Some(schema) = &self.schema {
             connect = connect.options([("search_path", schema.as_str())]);
         }

@@ -124,7 +124,13 @@ impl SqlStore<SqliteBackend> {
             .foreign_keys(true)
             .synchronous(synchronous)
             .busy_timeout(opts.busy_timeout)
-            .pragma("temp_store", "MEMORY");
+            .pragma("temp_store", "MEMORY")
+            // Every statement stays prepared: with the ladder sizes the
+            // store has about 150 texts, over sqlx's default of 100, and a
+            // cache that evicts re-parses multi-row statements of thousands
+            // of placeholders (measured: 1.1 prepares per task at 1,000
+            // tasks/s with 100).
+            .statement_cache_capacity(crate::sql::STATEMENT_CACHE);
 
         // The writer creates the file and switches it to WAL (a persistent
         // setting) before any reader connects. Its one connection is kept

@@ -73,6 +73,9 @@ pub struct TaskChange {
     pub version: i64,
     /// Its new `next_at` (the instant it next needs attention).
     pub next_at: Option<UnixMillis>,
+    /// The change queued a callback (the task ended with a callback URL):
+    /// what wakes the callback deliverer.
+    pub callback: bool,
 }
 
 impl TaskChange {
@@ -83,6 +86,7 @@ impl TaskChange {
             state: task.state,
             version: task.version,
             next_at: task.next_at,
+            callback: task.wants_callback(),
         }
     }
 
@@ -94,6 +98,7 @@ impl TaskChange {
             state: TaskState::Pending,
             version: 0,
             next_at: None,
+            callback: false,
         }
     }
 

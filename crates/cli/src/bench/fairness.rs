@@ -6,7 +6,7 @@
 //! arrivals start, half submitted as fast as the node takes them while they
 //! run. What the two share is the node: its accept loop, dispatch rounds,
 //! store and group commits. The figure is the quiet namespace's wait,
-//! submit → start (its ACK durable), alone and flooded; arrivals are
+//! submit → start (as its worker saw it), alone and flooded; arrivals are
 //! counted from their due instants (no coordinated omission, see
 //! `latency`).
 
@@ -92,6 +92,7 @@ async fn phase(
     flood: usize,
 ) -> anyhow::Result<(Phase, u64, String)> {
     let mut rig = Rig::start(args).await?;
+    rig.stamp_starts()?;
     let result = async {
         rig.start_workers_in(args, "quiet", "quiet").await?;
         rig.start_workers_in(args, "flood", "flood").await?;
@@ -142,7 +143,7 @@ async fn phase(
         .await?;
         let missed = recorder.missed.load(Ordering::Relaxed);
         let seen = recorder.finish().await;
-        let [_, start, complete] = histograms(&arrivals, &seen)?;
+        let [_, start, _, complete] = histograms(&arrivals, &seen, &rig.started()?)?;
         let quiet_ended = arrivals
             .iter()
             .filter(|(id, _)| seen.get(id).is_some_and(|s| s.ended.is_some()))

@@ -8,9 +8,11 @@
 //! that falls behind shows up in the figures instead of hiding (no
 //! coordinated omission). The end instants come from the store's change
 //! feed (see `load`): dispatched = the claim committed and the task pushed;
-//! started = the worker's ACK committed (the SDK starts the handler right
-//! after sending it, so this bounds the start from above); completed = the
-//! result committed.
+//! ACK durable = the task's RUNNING committed (an ACK is held to be written
+//! with the result, so for a short task this is its end); completed = the
+//! result committed. Started is the handler's start as the worker saw it:
+//! each worker stamps it into a file (`worker --start-stamps`), read after
+//! the run — the point peers measure to.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -47,8 +49,10 @@ pub struct LatencyReport {
     pub workers_as: WorkersAs,
     /// Submit → claimed and pushed.
     pub submit_to_dispatch: Percentiles,
-    /// Submit → the worker's ACK durable (handler started).
+    /// Submit → the handler started, as the worker saw it.
     pub submit_to_start: Percentiles,
+    /// Submit → the task's RUNNING durable (the ACK written).
+    pub submit_to_ack_durable: Percentiles,
     /// Submit → the result durable.
     pub submit_to_complete: Percentiles,
     /// Changes the recorder missed (tasks without a figure).
@@ -67,6 +71,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         "rate × duration must stay below 10^7 tasks"
     );
     let mut rig = Rig::start(args).await?;
+    rig.stamp_starts()?;
     rig.start_workers(args).await?;
     let recorder = Recorder::start(rig.node.store.clone(), true);
     let result = async {
@@ -83,9 +88,10 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
     let missed = recorder.missed.load(Ordering::Relaxed);
     let seen = recorder.finish().await;
     let store = rig.store_label.clone();
+    let started = rig.started();
     rig.stop().await;
     let (submitted, cpu) = result?;
-    let [dispatch, start, complete] = histograms(&submitted, &seen)?;
+    let [dispatch, start, ack, complete] = histograms(&submitted, &seen, &started?)?;
     Ok(LatencyReport {
         scenario: "latency",
         store,
@@ -97,6 +103,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         workers_as: args.workers_as,
         submit_to_dispatch: Percentiles::of(&dispatch),
         submit_to_start: Percentiles::of(&start),
+        submit_to_ack_durable: Percentiles::of(&ack),
         submit_to_complete: Percentiles::of(&complete),
         missed_changes: missed,
         cpu,
@@ -167,17 +174,21 @@ pub(super) async fn open_loop(
     Ok(out)
 }
 
+/// Per task, from its due instant: to dispatch, to the handler's start as
+/// its worker stamped it, to its ACK durable, to its end durable.
 pub(super) fn histograms(
     submitted: &[Submitted],
     seen: &HashMap<String, Seen>,
-) -> anyhow::Result<[Histogram<u64>; 3]> {
+    started: &HashMap<String, Instant>,
+) -> anyhow::Result<[Histogram<u64>; 4]> {
     let new = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3);
-    let mut h = [new()?, new()?, new()?];
+    let mut h = [new()?, new()?, new()?, new()?];
     let us =
         |from: Instant, to: Instant| (to.saturating_duration_since(from).as_micros() as u64).max(1);
     for (id, at) in submitted {
-        let Some(s) = seen.get(id) else { continue };
-        for (hist, end) in h.iter_mut().zip([s.dispatched, s.running, s.ended]) {
+        let s = seen.get(id).copied().unwrap_or_default();
+        let start = started.get(id).copied();
+        for (hist, end) in h.iter_mut().zip([s.dispatched, start, s.running, s.ended]) {
             if let Some(end) = end {
                 hist.saturating_record(us(*at, end));
             }
@@ -222,6 +233,10 @@ pub fn print(r: &LatencyReport) {
         (
             "submit → start p50/p90/p99/max ms".into(),
             p(&r.submit_to_start),
+        ),
+        (
+            "submit → ACK durable p50/p90/p99/max ms".into(),
+            p(&r.submit_to_ack_durable),
         ),
         (
             "submit → complete p50/p90/p99/max ms".into(),

@@ -62,6 +62,7 @@ fn to_event(task: &TaskRecord, step: &Step, n: usize) -> Event {
         },
         Step::Ack(s) => Event::Ack {
             execution_id: exec(*s),
+            at: None,
         },
         Step::Succeed(s) => Event::Succeed {
             execution_id: exec(*s),
@@ -183,6 +184,7 @@ fn happy_path_records_each_state_time() {
         &t,
         Event::Ack {
             execution_id: "e1".into(),
+            at: None,
         },
     );
     assert_eq!(
@@ -234,6 +236,7 @@ fn failures_retry_until_attempts_run_out() {
             &t,
             Event::Ack {
                 execution_id: exec.clone(),
+                at: None,
             },
         );
         t = run(

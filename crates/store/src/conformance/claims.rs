@@ -177,3 +177,95 @@ pub async fn concurrent_claimers_never_double_claim(fixture: &dyn StoreFixture) 
     }
     assert!(store.ready_counts().await.expect("counts").is_empty());
 }
+
+/// `create_tasks_dispatching`: a new READY task the chooser claims is stored
+/// DISPATCHING for that claim with its attempt opened, in the create's own
+/// transaction; a delayed task and an idempotent repeat are never offered;
+/// one the chooser leaves is stored READY; the change feed sees the
+/// dispatched state, not READY.
+pub async fn create_dispatching_claims_new_ready_tasks(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let kept = create(
+        store,
+        NewTask {
+            client_request_id: Some("kept".into()),
+            ..new_task("at-submit")
+        },
+        T0,
+    )
+    .await;
+    let mut feed = store.subscribe();
+    let mut offered: Vec<String> = Vec::new();
+    let mut chooser = |task: &TaskRecord| {
+        offered.push(task.id.clone());
+        // The second task offered is left READY.
+        (offered.len() != 2).then(|| Claim {
+            execution_id: format!("exec-{}", offered.len()),
+            worker_id: "w-submit".into(),
+            ack_deadline: T0 + 5_000,
+        })
+    };
+    let entries = vec![
+        (new_task("at-submit"), "fp".to_string()),
+        (new_task("at-submit"), "fp".to_string()),
+        (
+            NewTask {
+                run_at: T0 + 60_000,
+                ..new_task("at-submit")
+            },
+            "fp".to_string(),
+        ),
+        (
+            NewTask {
+                client_request_id: Some("kept".into()),
+                ..new_task("at-submit")
+            },
+            "fp".to_string(),
+        ),
+    ];
+    let results = store
+        .create_tasks_dispatching(entries, T0, &mut chooser)
+        .await
+        .expect("create");
+    let results: Vec<_> = results
+        .into_iter()
+        .map(|r| r.expect("each entry created"))
+        .collect();
+    assert_eq!(offered.len(), 2, "only the two new READY tasks are offered");
+    let (claimed, left, delayed, repeat) = (&results[0], &results[1], &results[2], &results[3]);
+    assert_eq!(claimed.task.state, TaskState::Dispatching);
+    assert_eq!(claimed.task.execution_id.as_deref(), Some("exec-1"));
+    assert_eq!(claimed.task.worker_id.as_deref(), Some("w-submit"));
+    assert_eq!(claimed.task.next_at, Some(T0 + 5_000), "the ACK deadline");
+    assert_eq!(left.task.state, TaskState::Ready);
+    assert_eq!(delayed.task.state, TaskState::Pending);
+    assert!(repeat.existing);
+    assert_eq!(repeat.task.id, kept.id);
+
+    let stored = get(store, &claimed.task.id).await;
+    assert_eq!(stored.state, TaskState::Dispatching);
+    assert_eq!(stored.attempt, 1);
+    assert_eq!(stored.attempts.len(), 1, "its attempt is opened with it");
+    assert_eq!(stored.attempts[0].execution_id, "exec-1");
+    assert_eq!(stored.attempts[0].worker_id, "w-submit");
+    assert_eq!(get(store, &left.task.id).await.state, TaskState::Ready);
+
+    let mut states = BTreeMap::new();
+    while states.len() < 3 {
+        let c = tokio::time::timeout(std::time::Duration::from_secs(10), feed.recv())
+            .await
+            .expect("a change within 10 s")
+            .expect("the feed");
+        states.insert(c.task_id, c.state);
+    }
+    assert_eq!(states[&claimed.task.id], TaskState::Dispatching);
+    assert_eq!(states[&left.task.id], TaskState::Ready);
+
+    // The claimed task goes on like any claimed one.
+    store
+        .transition(&claimed.task.id, &super::ack("exec-1"), T0 + 10)
+        .await
+        .expect("ack");
+    assert_eq!(get(store, &claimed.task.id).await.state, TaskState::Running);
+}

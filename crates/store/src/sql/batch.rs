@@ -256,7 +256,7 @@ pub async fn write_portable<B: Backend + ?Sized>(
 }
 
 /// Inserts `items` in ladder-sized multi-row statements.
-async fn insert_many<B: Backend + ?Sized, T>(
+pub(super) async fn insert_many<B: Backend + ?Sized, T>(
     b: &B,
     tx: &mut B::Tx,
     items: &[T],

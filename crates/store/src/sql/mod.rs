@@ -31,6 +31,11 @@ mod transitions;
 use std::sync::Arc;
 
 pub use backend::{Args, Backend, Val};
+
+/// Prepared statements each connection keeps: above the number of texts
+/// the store runs (about 150 with the ladder sizes), so none is evicted
+/// and parsed again. sqlx's default is 100.
+pub(crate) const STATEMENT_CACHE: usize = 1_024;
 pub(crate) use backend::{args, bind_all, sqlx_backend};
 pub use batch::Batch;
 pub use dialect::{BulkForm, Dialect, LADDER, Ladder};

@@ -23,7 +23,7 @@ impl<B: Backend> Store for SqlStore<B> {
         fingerprint: &str,
         now: UnixMillis,
     ) -> Result<Created> {
-        self.create_many(vec![(task, fingerprint.to_string())], now)
+        self.create_many(vec![(task, fingerprint.to_string())], now, None)
             .await?
             .pop()
             .unwrap_or_else(|| Err(Error::Internal("a create of one gave no result".into())))
@@ -34,7 +34,16 @@ impl<B: Backend> Store for SqlStore<B> {
         tasks: Vec<(NewTask, String)>,
         now: UnixMillis,
     ) -> Result<Vec<Result<Created>>> {
-        self.create_many(tasks, now).await
+        self.create_many(tasks, now, None).await
+    }
+
+    async fn create_tasks_dispatching(
+        &self,
+        tasks: Vec<(NewTask, String)>,
+        now: UnixMillis,
+        chooser: &mut Chooser<'_>,
+    ) -> Result<Vec<Result<Created>>> {
+        self.create_many(tasks, now, Some(chooser)).await
     }
 
     async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>> {

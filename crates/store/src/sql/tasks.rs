@@ -5,14 +5,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use taskmesh_core::{AttemptRecord, CallbackDelivery, NewTask, TaskRecord, UnixMillis};
+use taskmesh_core::{
+    AttemptChange, AttemptRecord, CallbackDelivery, Event, NewTask, TaskRecord, TaskState,
+    UnixMillis,
+};
 
 use super::backend::{Backend, in_savepoint};
+use super::batch::insert_many;
 use super::dialect::{chunks, in_lists};
-use super::rows::insert_args;
+use super::rows::{attempt_args, insert_args};
 use super::{SqlStore, args, statements::list_index};
 use crate::error::is_unique_violation;
-use crate::{Created, Error, Result, TaskChange, TaskFilter, TaskPage, decode, existing_or_taken};
+use crate::{
+    Chooser, Created, Error, Result, TaskChange, TaskFilter, TaskPage, decode, existing_or_taken,
+};
 
 /// Largest page [`crate::Store::list_tasks`] returns.
 pub(super) const MAX_PAGE: u32 = 1000;
@@ -170,11 +176,14 @@ fn keys(entries: &[(TaskRecord, String)]) -> Vec<Key> {
 impl<B: Backend> SqlStore<B> {
     /// `Store::create_tasks`: the whole batch in one transaction; if the
     /// database refuses a row of it (an id or key taken meanwhile), again
-    /// with each row alone, so only that entry fails.
+    /// with each row alone, so only that entry fails. With a `chooser`
+    /// (`Store::create_tasks_dispatching`), the batched path offers it each
+    /// new READY task; the row-by-row fallback offers none.
     pub(super) async fn create_many(
         &self,
         tasks: Vec<(NewTask, String)>,
         now: UnixMillis,
+        chooser: Option<&mut Chooser<'_>>,
     ) -> Result<Vec<Result<Created>>> {
         if tasks.is_empty() {
             return Ok(Vec::new());
@@ -183,7 +192,8 @@ impl<B: Backend> SqlStore<B> {
             .into_iter()
             .map(|(t, fp)| (t.into_record(now), fp))
             .collect();
-        let answers = match self.create_batched(&entries).await? {
+        // On the fallback, claims made for the batch are gone with it.
+        let answers = match self.create_batched(&entries, now, chooser).await? {
             Some(answers) => answers,
             None => self.create_one_by_one(&entries).await?,
         };
@@ -199,20 +209,51 @@ impl<B: Backend> SqlStore<B> {
     }
 
     /// The batch in multi-row inserts; `None` when the database refused a
-    /// row (nothing written).
+    /// row (nothing written). A new READY task the `chooser` claims is
+    /// written dispatched, its attempt inserted with it.
     async fn create_batched(
         &self,
         entries: &[(TaskRecord, String)],
+        now: UnixMillis,
+        chooser: Option<&mut Chooser<'_>>,
     ) -> Result<Option<Vec<Result<Created>>>> {
         let b = self.backend();
         let mut tx = b.begin_write().await?;
         let held = holders(b, &mut tx, &keys(entries)).await?;
         let plans = plan(entries, held);
+        let mut opens: Vec<(String, AttemptRecord)> = Vec::new();
+        // The record written in place of an entry's, when it was claimed.
+        let mut dispatched: Vec<Option<TaskRecord>> = vec![None; entries.len()];
+        if let Some(chooser) = chooser {
+            for (((task, _), plan), slot) in entries.iter().zip(&plans).zip(&mut dispatched) {
+                if !matches!(plan, Plan::Insert) || task.state != TaskState::Ready {
+                    continue;
+                }
+                let Some(claim) = chooser(task) else { continue };
+                let event = Event::Dispatch {
+                    execution_id: claim.execution_id,
+                    worker_id: claim.worker_id,
+                    ack_deadline: claim.ack_deadline,
+                };
+                match taskmesh_core::apply(task, &event, now) {
+                    Ok(transition) => {
+                        if let AttemptChange::Open(attempt) = transition.attempt {
+                            opens.push((task.id.clone(), attempt));
+                        }
+                        *slot = Some(transition.task);
+                    }
+                    Err(err) => {
+                        tracing::warn!(task_id = %task.id, error = %err, "new task refused dispatch");
+                    }
+                }
+            }
+        }
         let fresh: Vec<(&TaskRecord, &str)> = entries
             .iter()
             .zip(&plans)
-            .filter(|(_, p)| matches!(p, Plan::Insert))
-            .map(|((t, fp), _)| (t, fp.as_str()))
+            .zip(&dispatched)
+            .filter(|((_, p), _)| matches!(p, Plan::Insert))
+            .map(|(((t, fp), _), d)| (d.as_ref().unwrap_or(t), fp.as_str()))
             .collect();
         match insert_rows(b, &mut tx, &fresh).await? {
             Ok(()) => {}
@@ -222,15 +263,25 @@ impl<B: Backend> SqlStore<B> {
             }
             Err(err) => return Err(err.into()),
         }
+        insert_many(
+            b,
+            &mut tx,
+            &opens,
+            8,
+            |(id, a), out| attempt_args(id, a, out),
+            |n| b.sql().insert_attempts.get(n),
+        )
+        .await?;
         b.commit(tx).await?;
         Ok(Some(
             entries
                 .iter()
                 .zip(plans)
-                .map(|((task, _), plan)| match plan {
+                .zip(dispatched)
+                .map(|(((task, _), plan), d)| match plan {
                     Plan::Answered(answer) => *answer,
                     Plan::Insert => Ok(Created {
-                        task: task.clone(),
+                        task: d.unwrap_or_else(|| task.clone()),
                         existing: false,
                     }),
                 })

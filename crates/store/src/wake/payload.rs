@@ -4,7 +4,10 @@
 //!
 //! A payload is text, under 7,900 bytes (Postgres refuses 8000 and more):
 //! the sending store's origin id on the first line, then one line per
-//! change, `t<TAB>task_id<TAB>state<TAB>version<TAB>next_at` or
+//! change, `t<TAB>task_id<TAB>state<TAB>version<TAB>next_at<TAB>c` (`c` is
+//! `1` when the change queued a callback, else `0`; a line without the
+//! field, from a replica of an older release, counts a terminal state as
+//! one) or
 //! `s<TAB>schedule_id<TAB>next_fire_at` (empty for none), ids escaped so
 //! they cannot break the format. A store skips payloads of its own origin:
 //! it published those itself right after the commit. A line that cannot be
@@ -39,10 +42,11 @@ impl<'a> Payloads<'a> {
     pub(crate) fn task(&mut self, c: &TaskChange) {
         let next = c.next_at.map(|n| n.to_string()).unwrap_or_default();
         let line = format!(
-            "t\t{}\t{}\t{}\t{next}",
+            "t\t{}\t{}\t{}\t{next}\t{}",
             escape(&c.task_id),
             c.state.as_str(),
-            c.version
+            c.version,
+            u8::from(c.callback)
         );
         self.line(line);
     }
@@ -144,12 +148,22 @@ fn decode_line(line: &str) -> Option<Line> {
         }
     };
     match fields.as_slice() {
-        ["t", id, state, version, next] => Some(Line::Task(TaskChange {
-            task_id: unescape(id)?,
-            state: TaskState::parse(state)?,
-            version: version.parse().ok()?,
-            next_at: millis(next)?,
-        })),
+        ["t", id, state, version, next, rest @ ..] if rest.len() <= 1 => {
+            let state = TaskState::parse(state)?;
+            let callback = match rest {
+                [] => state.is_terminal(),
+                ["1"] => true,
+                ["0"] => false,
+                _ => return None,
+            };
+            Some(Line::Task(TaskChange {
+                task_id: unescape(id)?,
+                state,
+                version: version.parse().ok()?,
+                next_at: millis(next)?,
+                callback,
+            }))
+        }
         ["s", id, next] => Some(Line::Schedule(ScheduleChange {
             schedule_id: unescape(id)?,
             next_fire_at: millis(next)?,
@@ -198,6 +212,7 @@ mod tests {
             state: TaskState::Ready,
             version: 7,
             next_at,
+            callback: false,
         }
     }
 
@@ -244,6 +259,8 @@ mod tests {
             "o\nt\tid\tREADY\tx\t",
             "o\nq",
             "o\ns\tbad%zz\t",
+            "o\nt\tid\tSUCCEEDED\t1\t\tx",
+            "o\nt\tid\tSUCCEEDED\t1\t\t1\t1",
         ] {
             let d = decode(garbled, "other").expect("decoded");
             assert!(
@@ -251,5 +268,25 @@ mod tests {
                 "{garbled}"
             );
         }
+    }
+
+    #[test]
+    fn a_change_that_queued_a_callback_says_so_and_older_lines_count_terminal_ones() {
+        let mut ended = change("ended", None);
+        ended.state = TaskState::Succeeded;
+        ended.callback = true;
+        let mut quiet = change("quiet", None);
+        quiet.state = TaskState::Succeeded;
+        let out = payloads("o", &[ended.clone(), quiet.clone()], &[]);
+        let d = decode(&out[0], "other").expect("decoded");
+        assert_eq!(d.tasks, [ended, quiet]);
+        // A replica of the previous release sends five fields.
+        let old = decode("o\nt\tid\tFAILED\t3\t\nt\tid2\tREADY\t1\t", "other").expect("decoded");
+        assert!(!old.lag);
+        assert!(
+            old.tasks[0].callback,
+            "a terminal change may have queued one"
+        );
+        assert!(!old.tasks[1].callback);
     }
 }
