@@ -242,7 +242,10 @@ async fn requests_without_a_body_hold_no_slot_and_are_answered_in_time() {
     latencies.sort();
     let p99 = latencies[latencies.len() * 99 / 100];
     println!("other calls' p99 during 1,000 bodiless requests: {p99:?}");
-    assert!(p99 < Duration::from_millis(100), "p99 {p99:?}");
+    // Far below the probe's 5 s, which a held call would wait: the bound
+    // tells "not held" from "held", not a fast machine from a slow one (the
+    // same build measured 61 ms one day and 154 ms on a slower one).
+    assert!(p99 < Duration::from_secs(1), "p99 {p99:?}");
     // Each bodiless request is answered, DEADLINE_EXCEEDED, once its body
     // timeout passed (all within the limit).
     for (response, _send) in pending {
