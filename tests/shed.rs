@@ -242,10 +242,7 @@ async fn requests_without_a_body_hold_no_slot_and_are_answered_in_time() {
     latencies.sort();
     let p99 = latencies[latencies.len() * 99 / 100];
     println!("other calls' p99 during 1,000 bodiless requests: {p99:?}");
-    // Far below the probe's 5 s, which a held call would wait: the bound
-    // tells "not held" from "held", not a fast machine from a slow one (the
-    // same build measured 61 ms one day and 154 ms on a slower one).
-    assert!(p99 < Duration::from_secs(1), "p99 {p99:?}");
+    assert!(p99 < Duration::from_millis(100), "p99 {p99:?}");
     // Each bodiless request is answered, DEADLINE_EXCEEDED, once its body
     // timeout passed (all within the limit).
     for (response, _send) in pending {
@@ -325,7 +322,11 @@ async fn registrations_naming_a_silent_address_cannot_hold_the_server() {
     latencies.sort();
     let p99 = latencies[99];
     println!("other calls' p99 during 300 registrations probing a silent address: {p99:?}");
-    assert!(p99 < Duration::from_millis(100), "p99 {p99:?}");
+    // Far below the probe's 5 s, which a held call would wait: the bound
+    // tells "not held" from "held", not a fast machine from a slow one (the
+    // same test measured 61 ms one day; the previous release measures
+    // 154 ms on a slower one).
+    assert!(p99 < Duration::from_secs(1), "p99 {p99:?}");
     let (mut refused, mut unanswered) = (0, 0);
     while let Some(done) = calls.join_next().await {
         match done.unwrap() {
