@@ -238,22 +238,24 @@ impl Drained {
     }
 
     fn found(&mut self, namespace: &str, handler: &str, empty: bool) {
-        if empty {
-            let epoch = self.epoch;
-            match self.empty_at.get_mut(namespace) {
-                Some(h) => match h.get_mut(handler) {
-                    Some(at) => *at = epoch,
-                    None => {
-                        h.insert(handler.to_string(), epoch);
-                    }
-                },
-                None => {
-                    let h = HashMap::from([(handler.to_string(), epoch)]);
-                    self.empty_at.insert(namespace.to_string(), h);
+        let known = self
+            .empty_at
+            .get_mut(namespace)
+            .and_then(|h| h.get_mut(handler));
+        match (empty, known) {
+            // Names are copied only the first time a handler is found empty.
+            (true, Some(at)) => *at = self.epoch,
+            (true, None) => {
+                self.empty_at
+                    .entry(namespace.to_string())
+                    .or_default()
+                    .insert(handler.to_string(), self.epoch);
+            }
+            (false, _) => {
+                if let Some(h) = self.empty_at.get_mut(namespace) {
+                    h.remove(handler);
                 }
             }
-        } else if let Some(h) = self.empty_at.get_mut(namespace) {
-            h.remove(handler);
         }
     }
 }
@@ -309,8 +311,62 @@ pub async fn run(
     }
 }
 
-fn lock(drained: &std::sync::Mutex<Drained>) -> std::sync::MutexGuard<'_, Drained> {
+pub(crate) fn lock(drained: &std::sync::Mutex<Drained>) -> std::sync::MutexGuard<'_, Drained> {
     drained.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The slots one store write may claim (a claim, or a create that
+/// dispatches at submit): each task offered gets a new execution id and a
+/// stream reserved by the balancer, or stays READY (`refused`); after the
+/// write, reservations it did not write are given back.
+pub(crate) struct Reservations<'r> {
+    registry: &'r Registry,
+    ack_deadline: taskmesh_core::UnixMillis,
+    /// Execution ids reserved, in order.
+    pub(crate) chosen: Vec<String>,
+    /// Tasks offered that no stream could take.
+    pub(crate) refused: usize,
+}
+
+impl<'r> Reservations<'r> {
+    pub(crate) fn new(registry: &'r Registry, ack_deadline: taskmesh_core::UnixMillis) -> Self {
+        Self {
+            registry,
+            ack_deadline,
+            chosen: Vec::new(),
+            refused: 0,
+        }
+    }
+
+    /// The chooser's answer for `task`.
+    pub(crate) fn choose(&mut self, task: &TaskRecord) -> Option<Claim> {
+        let execution_id = id::new_execution_id();
+        let Some(Reserved { worker_id, .. }) = self.registry.reserve(task, &execution_id) else {
+            self.refused += 1;
+            return None;
+        };
+        self.chosen.push(execution_id.clone());
+        Some(Claim {
+            execution_id,
+            worker_id,
+            ack_deadline: self.ack_deadline,
+        })
+    }
+
+    /// Gives back every reservation whose task is not among `written`
+    /// (all of them when the write failed).
+    pub(crate) fn release_unwritten<'t>(&self, written: impl IntoIterator<Item = &'t TaskRecord>) {
+        if self.chosen.is_empty() {
+            return;
+        }
+        let written: std::collections::HashSet<&str> = written
+            .into_iter()
+            .filter_map(|t| t.execution_id.as_deref())
+            .collect();
+        for exec in self.chosen.iter().filter(|e| !written.contains(e.as_str())) {
+            self.registry.finish(exec);
+        }
+    }
 }
 
 fn on_reaped(shared: &Shared, reaped: Reaped) {
@@ -367,58 +423,25 @@ async fn dispatch_round(shared: &Shared) -> Result<(), taskmesh_store::Error> {
             let limit = (slots as usize).min(shared.opts.claim_batch);
             let now = shared.clock.now_millis();
             let ack_deadline = now + shared.opts.ack_timeout.as_millis() as i64;
-            let registry = shared.registry.clone();
-            let mut chosen: Vec<(String, String)> = Vec::new();
-            let mut refused = 0usize;
-            let mut chooser = |task: &TaskRecord| {
-                let execution_id = id::new_execution_id();
-                let Some(Reserved {
-                    session_id,
-                    worker_id,
-                }) = registry.reserve(task, &execution_id)
-                else {
-                    refused += 1;
-                    return None;
-                };
-                chosen.push((execution_id.clone(), session_id));
-                Some(Claim {
-                    execution_id,
-                    worker_id,
-                    ack_deadline,
-                })
-            };
+            let mut reservations = Reservations::new(&shared.registry, ack_deadline);
+            let mut chooser = |task: &TaskRecord| reservations.choose(task);
             shared.stats.claim_calls.fetch_add(1, Ordering::Relaxed);
-            let claimed = match shared
+            let result = shared
                 .store
                 .claim_ready(&namespace, &handler, limit, now, &mut chooser)
-                .await
-            {
-                Ok(c) => c,
-                Err(err) => {
-                    // The claim rolled back: give every reserved slot back.
-                    for (exec, _) in &chosen {
-                        registry.finish(exec);
-                    }
-                    return Err(err);
-                }
-            };
+                .await;
+            // Reserved slots whose task was not written: all of them when the
+            // claim rolled back (otherwise it cannot happen with a single
+            // writer, but never leak a slot).
+            reservations.release_unwritten(result.iter().flatten());
+            let claimed = result?;
             // Short with no candidate refused: the claim saw every READY
             // task of the handler and took them all.
             lock(&shared.drained).found(
                 &namespace,
                 &handler,
-                claimed.len() < limit && refused == 0,
+                claimed.len() < limit && reservations.refused == 0,
             );
-            // Reserved slots whose task was not written (cannot happen with a
-            // single writer, but never leak a slot).
-            for (exec, _) in &chosen {
-                if !claimed
-                    .iter()
-                    .any(|t| t.execution_id.as_deref() == Some(exec))
-                {
-                    registry.finish(exec);
-                }
-            }
             shared
                 .stats
                 .claimed

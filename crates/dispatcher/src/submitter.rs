@@ -22,13 +22,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use taskmesh_core::{Clock, NewTask, TaskRecord, TaskState, id};
-use taskmesh_store::{Claim, Created, Error, Store};
+use taskmesh_core::{Clock, NewTask, TaskRecord, TaskState};
+use taskmesh_store::{Created, Error, Store};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
-use crate::engine::Drained;
-use crate::registry::{Registry, Reserved};
+use crate::engine::{Drained, Reservations, lock};
+use crate::registry::Registry;
 
 /// What dispatching at submit needs: the streams, what the engine knows of
 /// READY backlogs, the ACK timeout, and where claimed tasks go to be pushed
@@ -51,59 +51,35 @@ impl AtSubmit {
         now: taskmesh_core::UnixMillis,
     ) -> Result<Vec<Result<Created, Error>>, Error> {
         let ack_deadline = now.saturating_add(self.ack_timeout.as_millis() as i64);
-        let mut chosen: Vec<String> = Vec::new();
+        let mut reservations = Reservations::new(&self.registry, ack_deadline);
         let mut chooser = |task: &TaskRecord| {
-            let backlog = !self
-                .drained
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty(&task.namespace, &task.handler);
-            if backlog {
+            // A handler with a backlog is the engine's: no overtaking.
+            if !lock(&self.drained).is_empty(&task.namespace, &task.handler) {
                 return None;
             }
-            let execution_id = id::new_execution_id();
-            let Reserved { worker_id, .. } = self.registry.reserve(task, &execution_id)?;
-            chosen.push(execution_id.clone());
-            Some(Claim {
-                execution_id,
-                worker_id,
-                ack_deadline,
-            })
+            reservations.choose(task)
         };
         let result = store
             .create_tasks_dispatching(tasks, now, &mut chooser)
             .await;
-        if chosen.is_empty() {
+        if reservations.chosen.is_empty() {
             return result;
         }
-        let mut pushed = 0;
-        if let Ok(results) = &result {
-            for created in results.iter().flatten() {
-                let t = &created.task;
-                if !created.existing
-                    && t.state == TaskState::Dispatching
-                    && t.execution_id.as_ref().is_some_and(|e| chosen.contains(e))
-                {
-                    pushed += 1;
-                    // The engine outlives the submitter's callers; if it
-                    // has stopped, the ACK timeout takes the task back.
-                    let _ = self.pushes.send(t.clone());
-                }
-            }
+        // A new task written DISPATCHING can only be one this write claimed.
+        let dispatched = result
+            .iter()
+            .flatten()
+            .flatten()
+            .filter(|c| !c.existing && c.task.state == TaskState::Dispatching)
+            .map(|c| &c.task);
+        for task in dispatched.clone() {
+            // The engine outlives the submitter's callers; if it has
+            // stopped, the ACK timeout takes the task back.
+            let _ = self.pushes.send(task.clone());
         }
-        if pushed < chosen.len() {
-            // Claims the store did not write (a refused batch goes row by
-            // row without them; a failed one writes nothing).
-            let written: std::collections::HashSet<&str> = result
-                .iter()
-                .flatten()
-                .flatten()
-                .filter_map(|c| c.task.execution_id.as_deref())
-                .collect();
-            for exec in chosen.iter().filter(|e| !written.contains(e.as_str())) {
-                self.registry.finish(exec);
-            }
-        }
+        // Claims the store did not write (a refused batch goes row by row
+        // without them; a failed one writes nothing).
+        reservations.release_unwritten(dispatched);
         result
     }
 }

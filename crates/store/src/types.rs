@@ -59,6 +59,17 @@ pub struct Claim {
     pub ack_deadline: UnixMillis,
 }
 
+impl From<Claim> for Event {
+    /// The `Dispatch` event that writes `claim`.
+    fn from(claim: Claim) -> Self {
+        Event::Dispatch {
+            execution_id: claim.execution_id,
+            worker_id: claim.worker_id,
+            ack_deadline: claim.ack_deadline,
+        }
+    }
+}
+
 /// Chooses a worker for a READY task, or `None` to leave it READY.
 pub type Chooser<'a> = dyn FnMut(&TaskRecord) -> Option<Claim> + Send + 'a;
 

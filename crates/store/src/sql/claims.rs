@@ -81,11 +81,7 @@ impl<B: Backend> SqlStore<B> {
                 let Some(claim) = chooser(&task) else {
                     continue;
                 };
-                let event = Event::Dispatch {
-                    execution_id: claim.execution_id,
-                    worker_id: claim.worker_id,
-                    ack_deadline: claim.ack_deadline,
-                };
+                let event = Event::from(claim);
                 match batch.apply(&task, &event, now) {
                     Ok(_) => claimed += 1,
                     Err(err) => {

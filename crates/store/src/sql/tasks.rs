@@ -230,11 +230,7 @@ impl<B: Backend> SqlStore<B> {
                     continue;
                 }
                 let Some(claim) = chooser(task) else { continue };
-                let event = Event::Dispatch {
-                    execution_id: claim.execution_id,
-                    worker_id: claim.worker_id,
-                    ack_deadline: claim.ack_deadline,
-                };
+                let event = Event::from(claim);
                 match taskmesh_core::apply(task, &event, now) {
                     Ok(transition) => {
                         if let AttemptChange::Open(attempt) = transition.attempt {
