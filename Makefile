@@ -4,18 +4,21 @@ CARGO ?= cargo
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/taskmesh-target
 PY_VENV ?= $(HOME)/.cache/taskmesh-py
 
-.PHONY: run build test services fmt fmt-check lint unit proto-python buf examples-setup polyglot bench openapi schemathesis fuzz fuzz-short help
+.PHONY: run build test tools services fmt fmt-check lint unit proto-python buf examples-setup polyglot bench openapi schemathesis fuzz fuzz-short help
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-run: ## Start the embedded demo: a node on SQLite plus a local worker (echo, sleep, fail)
+run: tools ## Start the embedded demo: a node on SQLite plus a local worker (echo, sleep, fail)
 	$(CARGO) run -p taskmesh-cli --bin taskmesh -- dev
 
-build: ## Build the taskmesh binary (debug)
+build: tools ## Build the taskmesh binary (debug)
 	$(CARGO) build -p taskmesh-cli --bin taskmesh
 
-test: services fmt-check lint build proto-python buf unit polyglot schemathesis fuzz-short ## Everything CI checks
+test: tools services fmt-check lint build proto-python buf unit polyglot schemathesis fuzz-short ## Everything CI checks
+
+tools: ## Install what the build needs beyond cargo if it is missing (protoc, from Debian)
+	bash scripts/ensure-tools.sh
 
 services: ## Make sure the machine's Postgres, MariaDB and Redis answer (start them if not)
 	bash scripts/ensure-services.sh
@@ -26,7 +29,7 @@ fmt: ## Format the code
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
-lint: ## Clippy on every target, warnings are errors
+lint: tools ## Clippy on every target, warnings are errors
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 unit: build ## The Rust tests: unit, property, conformance and end-to-end

@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/taskmesh/v1/dispatcher.proto",
         "proto/taskmesh/v1/worker.proto",
         "proto/taskmesh/v1/admin.proto",
+        "proto/taskmesh/options/v1/options.proto",
     ];
     println!("cargo:rerun-if-changed=proto");
 

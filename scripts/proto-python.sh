@@ -17,7 +17,7 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 "$venv/bin/python" -m grpc_tools.protoc -I "$root/proto" \
   --python_out="$out" --grpc_python_out="$out" \
-  "$root"/proto/taskmesh/v1/*.proto "$root"/proto/google/api/*.proto
+  "$root"/proto/taskmesh/v1/*.proto "$root"/proto/google/api/*.proto "$root"/proto/buf/validate/*.proto "$root"/proto/taskmesh/options/v1/*.proto
 (cd "$out" && "$venv/bin/python" - <<'PY'
 from taskmesh.v1 import task_api_pb2_grpc, dispatcher_pb2_grpc, worker_pb2_grpc, task_pb2
 names = [s.full_name for m in (task_api_pb2_grpc, dispatcher_pb2_grpc, worker_pb2_grpc)

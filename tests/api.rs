@@ -75,7 +75,7 @@ async fn malformed_requests_get_clear_errors_and_write_nothing() {
         (
             "empty handler",
             pb::SubmitTaskRequest::default(),
-            "handler must not be empty",
+            "handler: value length must be at least 1 characters",
         ),
         (
             "invalid handler",
@@ -83,7 +83,7 @@ async fn malformed_requests_get_clear_errors_and_write_nothing() {
                 handler: "send email".into(),
                 ..Default::default()
             },
-            "is invalid",
+            "handler: does not match regex pattern",
         ),
         (
             "oversized payload",
@@ -111,7 +111,7 @@ async fn malformed_requests_get_clear_errors_and_write_nothing() {
                 }),
                 ..Default::default()
             },
-            "not both",
+            "only one of run_at, delay can be set",
         ),
         (
             "negative delay",
@@ -319,17 +319,39 @@ async fn a_delayed_task_waits_pending_then_runs() {
 #[tokio::test]
 async fn a_batch_submit_answers_each_entry_and_writes_the_valid_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let node = start_node(node_options(dir.path())).await;
+    let mut opts = node_options(dir.path());
+    opts.dispatcher.max_payload_bytes = 16;
+    let node = start_node(opts).await;
     let mut api = api(node.grpc_addr).await;
     let first = api
         .submit_task(request("{\"a\":1}", "batch-key"))
         .await
         .unwrap()
         .into_inner();
-    let bad = pb::SubmitTaskRequest {
-        handler: "".into(),
-        ..request("{}", "")
-    };
+    // An entry that breaks a contract rule refuses the whole batch, naming
+    // the entry, and writes nothing.
+    let err = api
+        .submit_tasks(pb::SubmitTasksRequest {
+            tasks: vec![
+                request("{\"z\":1}", ""),
+                pb::SubmitTaskRequest {
+                    handler: "".into(),
+                    ..request("{}", "")
+                },
+            ],
+        })
+        .await
+        .expect_err("a contract rule is broken");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().starts_with("tasks[1].handler: "),
+        "{}",
+        err.message()
+    );
+    assert_eq!(count_tasks(&mut api).await, 1, "nothing written");
+    // An entry over the server's own limit (its configuration, not the
+    // contract) is refused alone.
+    let bad = request(&"x".repeat(17), "");
     let resp = api
         .submit_tasks(pb::SubmitTasksRequest {
             tasks: vec![
@@ -354,7 +376,7 @@ async fn a_batch_submit_answers_each_entry_and_writes_the_valid_ones() {
     assert!(!accepted(0).existing);
     assert_eq!(r[1].error_code, Code::InvalidArgument as i32, "{:?}", r[1]);
     assert!(
-        r[1].error_message.contains("handler"),
+        r[1].error_message.contains("the limit is 16 bytes"),
         "{}",
         r[1].error_message
     );

@@ -161,13 +161,13 @@ async fn a_real_node_answers_each_class_it_can_produce() {
     let reply = rest
         .call(Method::POST, "/api/tasks", Some(json!({"handler": "a b"})))
         .await;
-    assert_error(&reply, 400, 3, "handler \"a b\" is invalid");
+    assert_error(&reply, 400, 3, "handler: does not match regex pattern");
     let reply = rest
         .call(Method::GET, &format!("/api/tasks/{missing}"), None)
         .await;
     assert_error(&reply, 404, 5, "not found");
     let reply = rest.call(Method::GET, "/api/tasks/not-a-uuid", None).await;
-    assert_error(&reply, 400, 3, "not a valid task id");
+    assert_error(&reply, 400, 3, "task_id: value must be a valid UUID");
     let keyed =
         |data: &str| json!({"handler": "h", "clientRequestId": "k", "payload": {"data": data}});
     let first = rest

@@ -23,7 +23,7 @@ tmp="$(mktemp -d "$here/.gen.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 "$venv/bin/python" -m grpc_tools.protoc -I "$root/proto" \
   --python_out="$tmp" --grpc_python_out="$tmp" \
-  "$root"/proto/taskmesh/v1/*.proto "$root"/proto/google/api/*.proto
+  "$root"/proto/taskmesh/v1/*.proto "$root"/proto/google/api/*.proto "$root"/proto/buf/validate/*.proto "$root"/proto/taskmesh/options/v1/*.proto
 rm -rf "$gen"
 mv "$tmp" "$gen"
 trap - EXIT

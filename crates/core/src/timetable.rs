@@ -51,6 +51,11 @@ pub enum Timetable {
     },
 }
 
+/// Every IANA zone name [`parse_zone`] accepts, for documents that list them.
+pub fn zone_names() -> impl Iterator<Item = &'static str> {
+    chrono_tz::TZ_VARIANTS.iter().map(|tz| tz.name())
+}
+
 /// Parses an IANA zone name; empty means UTC.
 pub fn parse_zone(name: &str) -> Result<Tz, String> {
     if name.is_empty() {

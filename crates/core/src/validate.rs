@@ -59,10 +59,11 @@ pub fn namespace(name: &str) -> Result<(), String> {
 
 /// Checks a free-form identifier such as a worker id or client request id.
 pub fn short_text(field: &str, value: &str) -> Result<(), String> {
-    if value.len() > MAX_NAME_LEN {
+    // Characters, as the contract's `max_len` counts them.
+    let len = value.chars().count();
+    if len > MAX_NAME_LEN {
         return Err(format!(
-            "{field} is {} bytes long; the limit is {MAX_NAME_LEN}",
-            value.len()
+            "{field} is {len} characters long; the limit is {MAX_NAME_LEN}"
         ));
     }
     if value.chars().any(char::is_control) {
@@ -82,12 +83,16 @@ pub fn labels<'a>(
             labels.len()
         ));
     }
+    // Keys: any text within the length (the contract's map rules; OpenAPI
+    // 3.0 cannot state rules for keys, so the document could not tell a
+    // client a stricter one). Values: short text.
     for (k, v) in labels {
-        if k.is_empty() {
-            return Err(format!("{field} has an empty key"));
+        if k.chars().count() > MAX_NAME_LEN {
+            return Err(format!(
+                "{field} has a key longer than {MAX_NAME_LEN} characters"
+            ));
         }
-        short_text(&format!("{field} key"), k)?;
-        short_text(&format!("{field}[{k}]"), v)?;
+        short_text(&format!("{field}[{k:?}]"), v)?;
     }
     Ok(())
 }

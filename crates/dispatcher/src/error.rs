@@ -35,6 +35,9 @@ pub enum Error {
     /// The reflection service could not be built from the descriptor set.
     #[error("grpc reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The contract's request rules could not be loaded.
+    #[error("request rules: {0}")]
+    Rules(String),
 }
 
 impl Error {
@@ -47,7 +50,7 @@ impl Error {
             Error::ResourceExhausted { .. } => ErrorCode::ResourceExhausted,
             Error::Store(e) => e.code(),
             Error::Coord(e) => e.code(),
-            Error::Transport(_) | Error::Reflection(_) => ErrorCode::Internal,
+            Error::Transport(_) | Error::Reflection(_) | Error::Rules(_) => ErrorCode::Internal,
         }
     }
 }

@@ -19,6 +19,7 @@ mod lost;
 mod push;
 pub mod quota;
 mod registry;
+pub mod rules;
 mod schedule_api;
 mod stream;
 mod submitter;
@@ -284,6 +285,7 @@ impl Dispatcher {
         // Built first: the descriptor set is fixed at compile time, but a bad
         // one must stop the node before it listens, not fail per request.
         let (reflection_v1, reflection_v1alpha) = health::reflection()?;
+        let rules = std::sync::Arc::new(rules::RequestRules::load().map_err(Error::Rules)?);
 
         // The first probe runs before the port opens, so the very first
         // health check already tells the truth (and names every service).
@@ -360,6 +362,9 @@ impl Dispatcher {
             // (a probe carries no token); what a request names (its
             // namespace) is checked by the handler.
             .layer(auth::AuthLayer::new(shared.auth.clone()))
+            // Then the contract's rules (buf.validate in proto/): a request
+            // that breaks one is INVALID_ARGUMENT before any handler runs.
+            .layer(rules::RulesLayer::new(rules))
             // The contract's services.
             .add_service(task_api)
             .add_service(dispatcher)

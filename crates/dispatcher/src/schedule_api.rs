@@ -181,7 +181,7 @@ fn template(shared: &Shared, t: Option<pb::TaskTemplate>) -> Result<TaskTemplate
     .map_err(invalid)?;
     validate::labels("schedule.template.labels", t.labels.iter()).map_err(invalid)?;
     validate::short_text("schedule.template.routing_key", &t.routing_key).map_err(invalid)?;
-    validate::callback_url(&t.callback_url, &shared.opts.egress).map_err(invalid)?;
+    crate::task_api::callback_url(&t.callback_url, &shared.opts.egress)?;
     let timeout_ms = match &t.timeout {
         None => task::DEFAULT_TIMEOUT_MS,
         Some(d) => match duration_millis(d) {

@@ -115,7 +115,7 @@ fn new_task(
     validate::labels("labels", req.labels.iter()).map_err(invalid)?;
     validate::short_text("routing_key", &req.routing_key).map_err(invalid)?;
     validate::short_text("client_request_id", &req.client_request_id).map_err(invalid)?;
-    validate::callback_url(&req.callback_url, &shared.opts.egress).map_err(invalid)?;
+    callback_url(&req.callback_url, &shared.opts.egress)?;
 
     let retry = retry_policy(req.retry_policy)?;
     let timeout_ms = match &req.timeout {
@@ -163,6 +163,19 @@ fn new_task(
     ))
 }
 
+/// Checks a callback URL: malformed is INVALID_ARGUMENT; a well-formed URL
+/// whose address the egress policy refuses is PERMISSION_DENIED (the
+/// operator's policy, not the request's shape, says no).
+pub(crate) fn callback_url(
+    url: &str,
+    egress: &taskmesh_core::egress::EgressPolicy,
+) -> Result<(), Error> {
+    validate::callback_url(url, egress).map_err(|message| match egress.check_url(url) {
+        Err(taskmesh_core::egress::EgressError::Refused(_)) => Error::PermissionDenied(message),
+        _ => invalid(message),
+    })
+}
+
 fn strategy_from_pb(value: i32) -> Result<Option<Strategy>, Error> {
     let b = pb::BalancerStrategy::try_from(value)
         .map_err(|_| invalid(format!("balancer {value} is not a known BalancerStrategy")))?;
@@ -192,11 +205,10 @@ pub(crate) fn retry_policy(p: Option<pb::RetryPolicy>) -> Result<RetryPolicy, Er
         out.max_backoff_ms = duration_millis(d)
             .ok_or_else(|| invalid("retry_policy.max_backoff must not be negative"))?;
     }
-    if out.max_backoff_ms < out.initial_backoff_ms {
-        return Err(invalid(
-            "retry_policy.max_backoff must not be below initial_backoff",
-        ));
-    }
+    // A cap below the first backoff (the caller's or the default) caps
+    // nothing: the first backoff is the cap (the contract says so; a JSON
+    // schema cannot compare two durations, so it is not refused).
+    out.max_backoff_ms = out.max_backoff_ms.max(out.initial_backoff_ms);
     Ok(out)
 }
 

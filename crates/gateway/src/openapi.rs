@@ -6,6 +6,7 @@
 //! checked-in `docs/openapi.json` must equal [`render`]`(`[`document`]`()?)`;
 //! a test says so, and `make openapi` rewrites it.
 
+mod rules;
 mod schema;
 
 use std::collections::BTreeMap;
@@ -107,7 +108,7 @@ fn operation(route: &Route, id: String, comments: &Comments, schemas: &mut Schem
             "name": var,
             "in": "path",
             "required": true,
-            "schema": schemas.kind(&leaf.kind()),
+            "schema": rules::apply(leaf, schemas.kind(&leaf.kind())),
         });
         if let Some(text) = comments.field(leaf) {
             p["description"] = text.into();
@@ -139,8 +140,14 @@ fn operation(route: &Route, id: String, comments: &Comments, schemas: &mut Schem
         BodyRule::Field(field) => Some(schemas.field(field)),
     };
     if let Some(schema) = body_schema {
+        // A body may be left out when none of its fields is required (the
+        // request is then all defaults).
+        let required = match &route.body {
+            BodyRule::Field(field) => rules::required(field),
+            _ => schema_requires_fields(&schema, &input),
+        };
         op["requestBody"] = json!({
-            "required": true,
+            "required": required,
             "content": {"application/json": {"schema": schema}},
         });
     }
@@ -223,6 +230,18 @@ fn operation(route: &Route, id: String, comments: &Comments, schemas: &mut Schem
     op
 }
 
+/// Whether a whole-message body schema names a required field (inline, or
+/// in the component of `message` it refers to).
+fn schema_requires_fields(schema: &Value, message: &MessageDescriptor) -> bool {
+    if schema.get("$ref").is_some() {
+        return message.fields().any(|f| rules::required(&f));
+    }
+    schema
+        .get("required")
+        .and_then(Value::as_array)
+        .is_some_and(|r| !r.is_empty())
+}
+
 /// Query parameters for the fields of `message` not in `skip`: scalars and
 /// repeated scalars by their dotted lowerCamel path, nested messages
 /// flattened (to a bounded depth), maps and repeated messages left out
@@ -257,7 +276,9 @@ fn query_params(
         } else {
             one
         };
-        let mut p = json!({"name": name, "in": "query", "required": false, "schema": schema});
+        let schema = rules::apply(&field, schema);
+        let required = depth == 0 && rules::required(&field);
+        let mut p = json!({"name": name, "in": "query", "required": required, "schema": schema});
         if field.is_list() {
             p["style"] = "form".into();
             p["explode"] = true.into();

@@ -119,7 +119,37 @@ fn body_tree(route: &Route, body: &[u8]) -> Result<Map<String, Json>, ApiError> 
 }
 
 fn parse(body: &[u8]) -> Result<Json, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("malformed JSON body: {e}")))
+    let json = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("malformed JSON body: {e}")))?;
+    exact_numbers(&json)?;
+    Ok(json)
+}
+
+/// JSON numbers are doubles: an integer beyond 2^53 - 1 may not be the one
+/// the client meant. The document sends 64-bit integers as strings and
+/// allows numbers only up to that bound; larger ones are refused here.
+const MAX_EXACT: f64 = 9_007_199_254_740_991.0;
+
+fn exact_numbers(json: &Json) -> Result<(), ApiError> {
+    match json {
+        Json::Number(n) => {
+            let big = match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), _, _) => i.unsigned_abs() > MAX_EXACT as u64,
+                (_, Some(u), _) => u > MAX_EXACT as u64,
+                (_, _, Some(f)) => f.fract() == 0.0 && f.abs() > MAX_EXACT,
+                _ => false,
+            };
+            if big {
+                return Err(ApiError::invalid(format!(
+                    "the number {n} is beyond 2^53 - 1, where JSON numbers stop being exact integers; send 64-bit integers as strings"
+                )));
+            }
+            Ok(())
+        }
+        Json::Array(items) => items.iter().try_for_each(exact_numbers),
+        Json::Object(map) => map.values().try_for_each(exact_numbers),
+        _ => Ok(()),
+    }
 }
 
 fn apply_query(route: &Route, tree: &mut Map<String, Json>, query: &str) -> Result<(), ApiError> {

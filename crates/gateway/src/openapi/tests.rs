@@ -90,10 +90,18 @@ fn path_query_and_body_fields_are_split_as_the_rules_say() {
             "view"
         ]
     );
-    assert_eq!(
-        list["parameters"][0]["schema"]["$ref"],
-        "#/components/schemas/taskmesh.v1.TaskState"
+    // The filter takes the defined states, by name or number (the rule
+    // `defined_only`), so it lists both.
+    let states = list["parameters"][0]["schema"]["enum"].as_array().unwrap();
+    assert!(states.contains(&"TASK_STATE_RUNNING".into()), "{states:?}");
+    assert!(
+        states.contains(&4.into()) && !states.contains(&10.into()),
+        "{states:?}"
     );
+    // A task id in the path is a UUID; a page size at most 1000.
+    let get = op(&doc, "/api/tasks/{task_id}", "get");
+    assert_eq!(get["parameters"][0]["schema"]["format"], "uuid");
+    assert_eq!(list["parameters"][2]["schema"]["maximum"], 1000);
     let cancel = op(&doc, "/api/tasks/{task_id}/cancel", "post");
     assert_eq!(param_names(cancel), ["task_id"]);
     let body = &cancel["requestBody"]["content"]["application/json"]["schema"];
@@ -131,7 +139,10 @@ fn watch_is_an_event_stream_and_types_follow_proto3_json() {
     );
     let schemas = &doc["components"]["schemas"];
     let task = &schemas["taskmesh.v1.Task"]["properties"];
-    assert_eq!(task["version"]["type"], "string", "int64 as a string");
+    assert_eq!(
+        task["version"]["anyOf"][0]["type"], "string",
+        "int64 as a string"
+    );
     assert_eq!(task["maxAttempts"]["type"], "integer");
     assert_eq!(task["labels"]["additionalProperties"]["type"], "string");
     assert_eq!(task["attempts"]["type"], "array");

@@ -1,0 +1,326 @@
+//! The contract's own rules: every unary request (and the one request of a
+//! server stream) is checked against the `buf.validate` annotations in
+//! `proto/` before a handler sees it, so gRPC and REST (which reaches the
+//! node over gRPC) refuse the same requests with the same words, and the
+//! rules live once, where the OpenAPI document and the Python and Node
+//! clients read them too. What needs the store, the clock or the server's
+//! configuration (idempotency, states, quotas, the egress policy, whether a
+//! cron expression ever fires) stays in the handlers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use prost_protovalidate::{Error as RuleError, Validator};
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
+use tower::{Layer, Service};
+
+use crate::layers::take_ready;
+
+/// The input message of every method of the contract, and the validator
+/// with its compiled rules.
+pub struct RequestRules {
+    validator: Validator,
+    inputs: HashMap<String, MessageDescriptor>,
+    /// The message of each message-level CEL rule by id (the validator
+    /// reports those rules by id alone).
+    cel_messages: HashMap<String, String>,
+}
+
+impl std::fmt::Debug for RequestRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestRules")
+            .field("methods", &self.inputs.len())
+            .finish()
+    }
+}
+
+impl RequestRules {
+    /// The rules of the contract compiled into this binary.
+    pub fn load() -> Result<Self, String> {
+        let pool = DescriptorPool::decode(taskmesh::FILE_DESCRIPTOR_SET)
+            .map_err(|e| format!("the contract's descriptors do not decode: {e}"))?;
+        Ok(Self::from_pool(&pool))
+    }
+
+    /// The rules of every service in `pool`.
+    pub fn from_pool(pool: &DescriptorPool) -> Self {
+        use prost_protovalidate::types::MessageConstraintsExt;
+        let mut cel_messages = HashMap::new();
+        for message in pool.all_messages() {
+            if let Ok(Some(rules)) = message.message_constraints() {
+                for rule in rules.cel {
+                    if let (Some(id), Some(text)) = (rule.id, rule.message) {
+                        cel_messages.insert(id, text);
+                    }
+                }
+            }
+        }
+        let mut inputs = HashMap::new();
+        for service in pool.services() {
+            for method in service.methods() {
+                if method.is_client_streaming() {
+                    continue;
+                }
+                let path = format!("/{}/{}", service.full_name(), method.name());
+                inputs.insert(path, method.input());
+            }
+        }
+        Self {
+            validator: Validator::new(),
+            inputs,
+            cel_messages,
+        }
+    }
+
+    /// The input message of the method at `path`, if it is the contract's.
+    pub fn input(&self, path: &str) -> Option<&MessageDescriptor> {
+        self.inputs.get(path)
+    }
+
+    /// Checks `message` against its rules: `Err` holds one line per broken
+    /// rule, each naming the field and the rule (`task_id: value must be a
+    /// valid UUID`).
+    pub fn check_message(&self, message: &DynamicMessage) -> Result<(), tonic::Status> {
+        match self.validator.validate(message) {
+            Ok(()) => Ok(()),
+            Err(RuleError::Validation(err)) => Err(tonic::Status::invalid_argument(
+                err.violations()
+                    .iter()
+                    .map(|v| {
+                        let text = match v.message() {
+                            "" => match self.cel_messages.get(v.rule_id()) {
+                                Some(text) => text.clone(),
+                                None => standard_message(v.rule_id()),
+                            },
+                            text => text.to_string(),
+                        };
+                        let path = v.field_path();
+                        if path.is_empty() {
+                            text
+                        } else {
+                            format!("{path}: {text}")
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )),
+            // A rule that does not compile is the contract's fault, never the
+            // caller's: a unit test compiles every rule, so this is a bug.
+            Err(err) => {
+                tracing::error!(message = %prost_reflect::ReflectMessage::descriptor(message).full_name(), error = %err, "a contract rule failed to evaluate");
+                Err(tonic::Status::internal(
+                    "the server could not evaluate its own request rules",
+                ))
+            }
+        }
+    }
+
+    /// Checks the gRPC-framed body of a request to `path`. Bodies this
+    /// cannot read (compressed, malformed, not one message) pass unchecked:
+    /// the method's own codec refuses them with its error.
+    pub fn check(&self, path: &str, body: &[u8]) -> Result<(), tonic::Status> {
+        let Some(input) = self.inputs.get(path) else {
+            return Ok(());
+        };
+        let Some(message) = single_frame(body) else {
+            return Ok(());
+        };
+        let Ok(message) = DynamicMessage::decode(input.clone(), message) else {
+            return Ok(());
+        };
+        self.check_message(&message)
+    }
+}
+
+/// The words protovalidate's other runtimes use for the rules whose
+/// violations this one leaves without a message (its well-known formats).
+fn standard_message(rule_id: &str) -> String {
+    match rule_id {
+        "string.uuid" => "value must be a valid UUID".into(),
+        "string.uuid_empty" => "value is empty, which is not a valid UUID".into(),
+        "required" => "value is required".into(),
+        id => format!("value breaks the rule {id}"),
+    }
+}
+
+/// The message of a body that is exactly one uncompressed gRPC frame.
+fn single_frame(body: &[u8]) -> Option<&[u8]> {
+    let (&flag, rest) = body.split_first()?;
+    if flag != 0 || rest.len() < 4 {
+        return None;
+    }
+    let len = u32::from_be_bytes(rest[..4].try_into().ok()?) as usize;
+    let message = &rest[4..];
+    (message.len() == len).then_some(message)
+}
+
+/// Checks each whole request body against [`RequestRules`]; a broken rule
+/// is INVALID_ARGUMENT before the handler runs. Inside the authentication
+/// layer (an unidentified caller learns nothing of the rules) and after
+/// [`crate::layers::WholeBodyLayer`], which has read the body already.
+#[derive(Debug, Clone)]
+pub struct RulesLayer {
+    rules: Arc<RequestRules>,
+}
+
+impl RulesLayer {
+    /// Enforces `rules`.
+    pub fn new(rules: Arc<RequestRules>) -> Self {
+        Self { rules }
+    }
+}
+
+impl<S> Layer<S> for RulesLayer {
+    type Service = Rules<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Rules {
+            inner,
+            rules: self.rules.clone(),
+        }
+    }
+}
+
+/// The service made by [`RulesLayer`].
+#[derive(Debug, Clone)]
+pub struct Rules<S> {
+    inner: S,
+    rules: Arc<RequestRules>,
+}
+
+impl<S, ResBody> Service<http::Request<tonic::body::Body>> for Rules<S>
+where
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    ResBody: Default + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let mut inner = take_ready(&mut self.inner);
+        if self.rules.input(req.uri().path()).is_none() {
+            return Box::pin(inner.call(req));
+        }
+        let rules = self.rules.clone();
+        Box::pin(async move {
+            use http_body_util::BodyExt;
+            let (parts, body) = req.into_parts();
+            // Whole already (WholeBodyLayer): this only moves the bytes.
+            let bytes = match body.collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(_) => {
+                    return Ok(
+                        tonic::Status::cancelled("the request's body ended in an error")
+                            .into_http(),
+                    );
+                }
+            };
+            if let Err(status) = rules.check(parts.uri.path(), &bytes) {
+                return Ok(status.into_http());
+            }
+            let body = tonic::body::Body::new(http_body_util::Full::new(bytes));
+            inner.call(http::Request::from_parts(parts, body)).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules() -> RequestRules {
+        RequestRules::load().expect("the contract loads")
+    }
+
+    fn check(rules: &RequestRules, path: &str, json: &str) -> Result<(), String> {
+        let input = rules.input(path).expect("a method of the contract").clone();
+        let mut de = serde_json::Deserializer::from_str(json);
+        let message = DynamicMessage::deserialize(input, &mut de).expect("valid JSON");
+        rules
+            .check_message(&message)
+            .map_err(|s| s.message().to_string())
+    }
+
+    #[test]
+    fn every_rule_of_every_request_compiles() {
+        let rules = rules();
+        assert!(rules.inputs.len() > 20, "{}", rules.inputs.len());
+        for (path, input) in &rules.inputs {
+            // An empty message runs every rule's compilation; a rule that
+            // does not compile is an error other than a validation error.
+            match rules
+                .validator
+                .validate(&DynamicMessage::new(input.clone()))
+            {
+                Ok(()) | Err(RuleError::Validation(_)) => {}
+                Err(err) => panic!("{path}: {err}"),
+            }
+        }
+    }
+
+    #[test]
+    fn violations_name_the_field_and_the_rule() {
+        let rules = rules();
+        let get = "/taskmesh.v1.TaskApi/GetTask";
+        assert_eq!(
+            check(&rules, get, r#"{"taskId":"0"}"#),
+            Err("task_id: value must be a valid UUID".into())
+        );
+        assert_eq!(
+            check(
+                &rules,
+                get,
+                r#"{"taskId":"0190b3c4-5d6e-7f80-9a1b-2c3d4e5f6a7b"}"#
+            ),
+            Ok(())
+        );
+        let submit = "/taskmesh.v1.TaskApi/SubmitTasks";
+        let err = check(
+            &rules,
+            submit,
+            r#"{"tasks":[{"handler":"echo"},{"handler":"a b","namespace":"-x"}]}"#,
+        )
+        .unwrap_err();
+        assert!(err.contains("tasks[1].handler: "), "{err}");
+        assert!(err.contains("tasks[1].namespace: "), "{err}");
+        assert!(!err.contains("tasks[0]"), "{err}");
+        let schedule = "/taskmesh.v1.TaskApi/CreateSchedule";
+        let err = check(
+            &rules,
+            schedule,
+            r#"{"schedule":{"kind":"SCHEDULE_KIND_CRON","template":{"handler":"echo"}}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "schedule: cron_expression is required for a CRON schedule"
+        );
+    }
+
+    #[test]
+    fn bodies_it_cannot_read_pass_to_the_codec() {
+        let rules = rules();
+        let get = "/taskmesh.v1.TaskApi/GetTask";
+        assert!(rules.check(get, b"").is_ok());
+        assert!(rules.check(get, &[1, 0, 0, 0, 0]).is_ok(), "compressed");
+        assert!(rules.check(get, &[0, 0, 0, 0, 9, 1]).is_ok(), "short");
+        // An empty GetTaskRequest breaks the task_id rule.
+        assert!(rules.check(get, &[0, 0, 0, 0, 0]).is_err());
+        assert!(
+            rules
+                .check("/grpc.health.v1.Health/Check", &[0, 0, 0, 0, 0])
+                .is_ok()
+        );
+    }
+}
