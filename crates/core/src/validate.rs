@@ -97,23 +97,39 @@ pub fn labels<'a>(
     Ok(())
 }
 
+/// Why [`callback_url`] refuses a URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallbackUrlError {
+    /// Not a URL the server could post to: its shape is wrong.
+    #[error("{0}")]
+    Invalid(String),
+    /// Well formed, but the egress policy refuses its address.
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// Checks a callback URL: empty, or an absolute http(s) URL without
 /// credentials whose literal host `egress` allows (names are checked again
 /// when the callback is delivered, after resolution).
-pub fn callback_url(url: &str, egress: &EgressPolicy) -> Result<(), String> {
+pub fn callback_url(url: &str, egress: &EgressPolicy) -> Result<(), CallbackUrlError> {
     if url.is_empty() {
         return Ok(());
     }
     if url.len() > MAX_URL_LEN {
-        return Err(format!("callback_url is longer than {MAX_URL_LEN} bytes"));
+        return Err(CallbackUrlError::Invalid(format!(
+            "callback_url is longer than {MAX_URL_LEN} bytes"
+        )));
     }
     if url.contains(char::is_whitespace) {
-        return Err(format!("callback_url {url:?} must not contain white space"));
+        return Err(CallbackUrlError::Invalid(format!(
+            "callback_url {url:?} must not contain white space"
+        )));
     }
     egress.check_url(url).map_err(|e| match e {
         // The URL is not echoed: it holds a secret.
-        EgressError::Credentials => format!("callback_url {e}"),
-        e => format!("callback_url {url:?} {e}"),
+        EgressError::Credentials => CallbackUrlError::Invalid(format!("callback_url {e}")),
+        EgressError::Refused(_) => CallbackUrlError::Refused(format!("callback_url {url:?} {e}")),
+        e => CallbackUrlError::Invalid(format!("callback_url {url:?} {e}")),
     })
 }
 

@@ -130,6 +130,11 @@ impl<S> Layer<S> for WholeBodyLayer {
     }
 }
 
+/// The whole body [`WholeBodyLayer`] read, in the request's extensions (a
+/// reference-counted handle on the same bytes as the body).
+#[derive(Debug, Clone)]
+pub struct WholeBytes(pub bytes::Bytes);
+
 /// The service made by [`WholeBodyLayer`].
 #[derive(Debug, Clone)]
 pub struct WholeBody<S> {
@@ -190,6 +195,9 @@ where
                     .into_http());
                 }
             };
+            let mut parts = parts;
+            // Layers further in read the bytes from here, not the body again.
+            parts.extensions.insert(WholeBytes(bytes.clone()));
             let body = tonic::body::Body::new(http_body_util::Full::new(bytes));
             inner.call(http::Request::from_parts(parts, body)).await
         })

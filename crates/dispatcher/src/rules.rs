@@ -11,12 +11,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures::future::BoxFuture;
+use futures::future::{Either, Ready, ready};
 use prost_protovalidate::{Error as RuleError, Validator};
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use tower::{Layer, Service};
 
-use crate::layers::take_ready;
+use crate::layers::WholeBytes;
 
 /// The input message of every method of the contract, and the validator
 /// with its compiled rules.
@@ -159,7 +159,7 @@ fn single_frame(body: &[u8]) -> Option<&[u8]> {
 /// Checks each whole request body against [`RequestRules`]; a broken rule
 /// is INVALID_ARGUMENT before the handler runs. Inside the authentication
 /// layer (an unidentified caller learns nothing of the rules) and after
-/// [`crate::layers::WholeBodyLayer`], which has read the body already.
+/// [`crate::layers::WholeBodyLayer`], whose bytes it reads ([`WholeBytes`]).
 #[derive(Debug, Clone)]
 pub struct RulesLayer {
     rules: Arc<RequestRules>,
@@ -192,46 +192,32 @@ pub struct Rules<S> {
 
 impl<S, ResBody> Service<http::Request<tonic::body::Body>> for Rules<S>
 where
-    S: Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    ResBody: Default + Send + 'static,
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>,
+    ResBody: Default,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+    type Future = Either<Ready<Result<Self::Response, Self::Error>>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let mut inner = take_ready(&mut self.inner);
-        if self.rules.input(req.uri().path()).is_none() {
-            return Box::pin(inner.call(req));
-        }
-        let rules = self.rules.clone();
-        Box::pin(async move {
-            use http_body_util::BodyExt;
-            let (parts, body) = req.into_parts();
-            // Whole already (WholeBodyLayer): this only moves the bytes.
-            let bytes = match body.collect().await {
-                Ok(collected) => collected.to_bytes(),
-                Err(_) => {
-                    return Ok(
-                        tonic::Status::cancelled("the request's body ended in an error")
-                            .into_http(),
-                    );
-                }
+        let path = req.uri().path();
+        if self.rules.input(path).is_some() {
+            // Every method with rules has its body read whole further out.
+            let checked = match req.extensions().get::<WholeBytes>() {
+                Some(WholeBytes(bytes)) => self.rules.check(path, bytes),
+                None => Err(tonic::Status::internal(
+                    "the request's body was not read whole before its rules",
+                )),
             };
-            if let Err(status) = rules.check(parts.uri.path(), &bytes) {
-                return Ok(status.into_http());
+            if let Err(status) = checked {
+                return Either::Left(ready(Ok(status.into_http())));
             }
-            let body = tonic::body::Body::new(http_body_util::Full::new(bytes));
-            inner.call(http::Request::from_parts(parts, body)).await
-        })
+        }
+        Either::Right(self.inner.call(req))
     }
 }
 

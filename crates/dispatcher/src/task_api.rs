@@ -170,9 +170,9 @@ pub(crate) fn callback_url(
     url: &str,
     egress: &taskmesh_core::egress::EgressPolicy,
 ) -> Result<(), Error> {
-    validate::callback_url(url, egress).map_err(|message| match egress.check_url(url) {
-        Err(taskmesh_core::egress::EgressError::Refused(_)) => Error::PermissionDenied(message),
-        _ => invalid(message),
+    validate::callback_url(url, egress).map_err(|e| match e {
+        validate::CallbackUrlError::Refused(message) => Error::PermissionDenied(message),
+        validate::CallbackUrlError::Invalid(message) => invalid(message),
     })
 }
 

@@ -284,61 +284,12 @@ fn range_parts(lo: i128, hi: i128, out: &mut Vec<String>) {
         range_parts(top + 1, hi, out);
         return;
     }
-    // Same length: split on the first differing digit.
-    let common = ls
-        .chars()
-        .zip(hs.chars())
-        .take_while(|(a, b)| a == b)
-        .count();
-    if common == ls.len() {
-        out.push(ls);
-        return;
-    }
-    let rest = ls.len() - common - 1;
-    let prefix = &ls[..common];
-    let a = ls.as_bytes()[common] - b'0';
-    let b = hs.as_bytes()[common] - b'0';
-    let all_low = ls[common + 1..].chars().all(|c| c == '0');
-    let all_high = hs[common + 1..].chars().all(|c| c == '9');
-    let any = |n: usize| {
-        if n == 0 {
-            String::new()
-        } else {
-            format!("[0-9]{{{n}}}")
-        }
-    };
-    let digit = |x: u8, y: u8| {
-        if x == y {
-            x.to_string()
-        } else {
-            format!("[{x}-{y}]")
-        }
-    };
-    let mut first = a;
-    if !all_low {
-        // lo's digit with the rest from lo's tail up to all nines.
-        let tail_lo: i128 = ls[common + 1..].parse().unwrap_or(0);
-        let mut sub = Vec::new();
-        range_parts_width(tail_lo, 10i128.pow(rest as u32) - 1, rest, &mut sub);
-        out.push(format!("{prefix}{a}({})", sub.join("|")));
-        first = a + 1;
-    }
-    let mut last = b;
-    if !all_high {
-        last = b - 1;
-    }
-    if first <= last {
-        out.push(format!("{prefix}{}{}", digit(first, last), any(rest)));
-    }
-    if !all_high {
-        let tail_hi: i128 = hs[common + 1..].parse().unwrap_or(0);
-        let mut sub = Vec::new();
-        range_parts_width(0, tail_hi, rest, &mut sub);
-        out.push(format!("{prefix}{b}({})", sub.join("|")));
-    }
+    // Same length: fixed-width numbers without a leading zero.
+    range_parts_width(lo, hi, ls.len(), out);
 }
 
-/// Like [`range_parts`] over fixed-width numbers (leading zeros kept).
+/// The numbers `lo..=hi` written with `width` digits (leading zeros kept),
+/// split on the first digit where the bounds differ.
 fn range_parts_width(lo: i128, hi: i128, width: usize, out: &mut Vec<String>) {
     let (ls, hs) = (format!("{lo:0width$}"), format!("{hi:0width$}"));
     let common = ls
