@@ -114,15 +114,33 @@ async fn submit_is_accepted_then_polling_sees_it_succeed() {
             Some(json!({"tasks": [echo("1"), {"handler": "no spaces allowed"}]})),
         )
         .await;
+    // An entry breaking a contract rule refuses the batch, naming it.
+    assert_eq!(batch.status, StatusCode::BAD_REQUEST, "{:?}", batch.json);
+    assert!(
+        batch.json["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("tasks[1].handler: "),
+        "{:?}",
+        batch.json
+    );
+    // An entry the server's policy refuses is refused alone.
+    let batch = rest
+        .call(
+            Method::POST,
+            "/api/tasks:batch",
+            Some(json!({"tasks": [echo("1"), {"handler": "echo", "callbackUrl": "http://10.0.0.5/hook"}]})),
+        )
+        .await;
     assert_eq!(batch.status, StatusCode::OK, "{:?}", batch.json);
     let results = batch.json["results"].as_array().unwrap();
     assert!(results[0]["accepted"]["taskId"].is_string());
-    assert_eq!(results[1]["errorCode"], 3);
+    assert_eq!(results[1]["errorCode"], 7);
     assert!(
         results[1]["errorMessage"]
             .as_str()
             .unwrap()
-            .contains("invalid")
+            .contains("does not connect to")
     );
 
     worker.stop().await;

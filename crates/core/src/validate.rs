@@ -173,7 +173,10 @@ mod tests {
     #[test]
     fn label_limits() {
         let mut m = std::collections::BTreeMap::new();
+        // Keys are any text within the length (the contract's map rule).
         m.insert(String::new(), "v".to_string());
+        assert!(labels("labels", m.iter()).is_ok());
+        m.insert("k".repeat(257), "v".to_string());
         assert!(labels("labels", m.iter()).is_err());
         m.clear();
         m.insert("zone".to_string(), "eu\n".to_string());
