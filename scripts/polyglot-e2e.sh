@@ -5,7 +5,9 @@
 # examples/node-client. Run scripts/examples-setup.sh first (`make polyglot`
 # does both).
 #
-# Checks, in order: health and reflection from Python; the worker registers;
+# Checks, in order: health and reflection from Python; tokens; the table of
+# requests in examples/contract/cases.json gets the same verdict from the
+# server, Python's and Node's local validation; the worker registers;
 # 100 tasks submitted by Node all SUCCEEDED (watched, then read back with
 # GetTask, outputs equal to payloads); a failing handler ends FAILED; tasks
 # running at SIGTERM are finished by the drain; the worker exits 0; its own
@@ -155,6 +157,29 @@ tokens() {
     [ -n "$client_token" ] && [ -n "$worker_token" ]
 }
 check "taskmesh token create: a submitter token for node and a worker token for python" tokens
+
+# The contract's rules (buf.validate in proto/): every request of
+# examples/contract/cases.json gets the table's verdict from the server, from
+# Python's local validation (protovalidate) and from Node's
+# (@bufbuild/protovalidate). Admin token: the table includes Admin calls.
+cases="$root/examples/contract/cases.json"
+contract_python() {
+  local out
+  out="$(TASKMESH_TOKEN="$bootstrap" "$py" "$worker_dir/contract_cases.py" --cases "$cases" --server "$server")"
+  local code=$?
+  grep -v '^ok: ' <<<"$out"
+  return "$code"
+}
+check "python: the contract's rules, locally and on the server, give the table's verdicts" contract_python
+contract_node() {
+  local buf out code
+  buf="$(bash "$root/scripts/install-buf.sh")" && "$buf" build "$root/proto" -o "$tmp/contract.binpb" || return 1
+  out="$(node "$root/examples/node-client/contract-cases.js" --cases "$cases" --descriptors "$tmp/contract.binpb")"
+  code=$?
+  grep -v '^ok: ' <<<"$out"
+  return "$code"
+}
+check "node: the contract's rules, locally, give the table's verdicts" contract_node
 refused_without_token() {
   local out
   out="$(TASKMESH_TOKEN="" node "$client" workers --server "$node_server" --handler py.echo --wait 1 2>&1)"
