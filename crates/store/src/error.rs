@@ -107,6 +107,8 @@ pub(crate) fn kind(err: &sqlx::Error) -> Kind {
         sqlx::Error::Database(db) => {
             if let Some(e) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
                 crate::sqlite::error_kind(e)
+            } else if let Some(e) = db.try_downcast_ref::<crate::sqlite::WriterError>() {
+                crate::sqlite::error_kind(e)
             } else if let Some(e) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
                 crate::postgres::error_kind(e.code())
             } else if let Some(e) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {

@@ -20,19 +20,23 @@ use std::time::Duration;
 
 use sqlx::error::DatabaseError;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteError, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Sqlite, SqlitePool};
 use taskmesh_core::{Clock, SystemClock, UnixMillis};
 
+use crate::decode::Columns;
 use crate::error::Kind;
-use crate::sql::{BulkForm, Dialect, SqlStore, Statements};
+use crate::sql::{Args, BulkForm, Dialect, SqlStore, Statements};
 use crate::wake::Channels;
 use crate::{Error, Result, ScheduleChange, TaskChange};
 
 #[cfg(test)]
 mod tests;
+mod writer;
+
+pub use writer::{OwnedRow, WriteTx, WriterError};
+pub(crate) use writer::{Writer, WriterSettings};
 
 /// The schema, embedded at compile time from `migrations/sqlite`.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
@@ -93,11 +97,12 @@ impl SqliteOptions {
 /// share the pools and the change channels.
 pub type SqliteStore = SqlStore<SqliteBackend>;
 
-/// The SQLite [`Backend`](crate::sql::Backend): a writer pool of exactly one connection, through
-/// which every write transaction goes, and a pool of `query_only` readers.
+/// The SQLite [`Backend`](crate::sql::Backend): one writer connection,
+/// through which every write transaction goes in its caller's thread
+/// (`sqlite/writer.rs`), and a pool of `query_only` readers.
 #[derive(Debug)]
 pub struct SqliteBackend {
-    pub(crate) writer: SqlitePool,
+    pub(crate) writer: Writer,
     pub(crate) reader: SqlitePool,
 }
 
@@ -132,30 +137,34 @@ impl SqlStore<SqliteBackend> {
             // tasks/s with 100).
             .statement_cache_capacity(crate::sql::STATEMENT_CACHE);
 
-        // The writer creates the file and switches it to WAL (a persistent
-        // setting) before any reader connects. Its one connection is kept
-        // for the life of the store.
-        let writer = SqlitePoolOptions::new()
+        // The migrations run on a connection of sqlx's (its migrator), which
+        // creates the file and switches it to WAL (a persistent setting)
+        // before the writer or any reader opens it.
+        let migrations = SqlitePoolOptions::new()
             .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
             .connect_with(
                 base.clone()
                     .create_if_missing(true)
-                    .journal_mode(SqliteJournalMode::Wal)
-                    // A page cache of 16 MiB on the writer (the default is
-                    // 2 MiB): under load the hot pages of the task table and
-                    // its indexes no longer fall out between transactions,
-                    // which cost a pread() each time they came back. Not
-                    // more: every COMMIT scans the cache's hash table
-                    // (pcache1TruncateUnsafe, 5 % of the CPU at 64 MiB), and
-                    // 64 MiB drained 21 % fewer tasks/s than 16 MiB
-                    // (docs/BENCHMARKS.md).
-                    .pragma("cache_size", "-16384"),
+                    .journal_mode(SqliteJournalMode::Wal),
             )
             .await?;
-        MIGRATOR.run(&writer).await?;
+        MIGRATOR.run(&migrations).await?;
+        migrations.close().await;
+
+        // The writer keeps a page cache of 16 MiB (the default is 2 MiB):
+        // under load the hot pages of the task table and its indexes no
+        // longer fall out between transactions, which cost a pread() each
+        // time they came back. Not more: every COMMIT scans the cache's hash
+        // table (pcache1TruncateUnsafe, 5 % of the CPU at 64 MiB), and
+        // 64 MiB drained 21 % fewer tasks/s than 16 MiB (docs/BENCHMARKS.md).
+        let writer = Writer::open(
+            &opts.path,
+            &WriterSettings {
+                synchronous_full: opts.synchronous_full,
+                busy_timeout: opts.busy_timeout,
+                statements: crate::sql::STATEMENT_CACHE,
+            },
+        )?;
 
         // Readers are read/write at the file level (so they can always map
         // the WAL index) but refuse writes with `query_only`.
@@ -193,9 +202,10 @@ impl SqlStore<SqliteBackend> {
 
 /// SQLite's result codes: BUSY (5), LOCKED (6), FULL (13), CANTOPEN (14)
 /// and their extended codes are `Unavailable`; CONSTRAINT_UNIQUE (2067) and
-/// CONSTRAINT_PRIMARYKEY (1555) are `AlreadyExists`.
-pub(crate) fn error_kind(err: &SqliteError) -> Kind {
-    match DatabaseError::code(err).as_deref() {
+/// CONSTRAINT_PRIMARYKEY (1555) are `AlreadyExists`. `err` is the readers'
+/// (sqlx's) or the writer's error.
+pub(crate) fn error_kind(err: &dyn DatabaseError) -> Kind {
+    match err.code().as_deref() {
         Some("5" | "6" | "13" | "14" | "517" | "261" | "262") => Kind::Unavailable,
         Some("2067" | "1555") => Kind::AlreadyExists,
         _ if err.is_unique_violation() => Kind::AlreadyExists,
@@ -203,7 +213,86 @@ pub(crate) fn error_kind(err: &SqliteError) -> Kind {
     }
 }
 
-crate::sql::sqlx_backend!(SqliteBackend, Sqlite, SqliteRow, reads: reader, {
+/// A transaction: a write on the writer connection, or a snapshot read on
+/// the reader pool.
+#[derive(Debug)]
+pub enum SqliteTx {
+    Write(WriteTx),
+    Read(sqlx::Transaction<'static, Sqlite>),
+}
+
+/// A row from the writer (copied out) or from a reader (sqlx's).
+#[derive(Debug)]
+pub enum SqliteRecord {
+    Written(OwnedRow),
+    Read(SqliteRow),
+}
+
+impl Columns for SqliteRecord {
+    fn text(&self, col: &str) -> Result<String, String> {
+        match self {
+            Self::Written(r) => r.text(col),
+            Self::Read(r) => r.text(col),
+        }
+    }
+    fn opt_text(&self, col: &str) -> Result<Option<String>, String> {
+        match self {
+            Self::Written(r) => r.opt_text(col),
+            Self::Read(r) => r.opt_text(col),
+        }
+    }
+    fn int(&self, col: &str) -> Result<i64, String> {
+        match self {
+            Self::Written(r) => r.int(col),
+            Self::Read(r) => r.int(col),
+        }
+    }
+    fn opt_int(&self, col: &str) -> Result<Option<i64>, String> {
+        match self {
+            Self::Written(r) => r.opt_int(col),
+            Self::Read(r) => r.opt_int(col),
+        }
+    }
+    fn int32(&self, col: &str) -> Result<i32, String> {
+        match self {
+            Self::Written(r) => r.int32(col),
+            Self::Read(r) => r.int32(col),
+        }
+    }
+    fn float(&self, col: &str) -> Result<f64, String> {
+        match self {
+            Self::Written(r) => r.float(col),
+            Self::Read(r) => r.float(col),
+        }
+    }
+    fn bytes(&self, col: &str) -> Result<Vec<u8>, String> {
+        match self {
+            Self::Written(r) => r.bytes(col),
+            Self::Read(r) => r.bytes(col),
+        }
+    }
+    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, String> {
+        match self {
+            Self::Written(r) => r.opt_bytes(col),
+            Self::Read(r) => r.opt_bytes(col),
+        }
+    }
+    fn flag(&self, col: &str) -> Result<bool, String> {
+        match self {
+            Self::Written(r) => r.flag(col),
+            Self::Read(r) => r.flag(col),
+        }
+    }
+}
+
+fn read_rows(rows: Vec<SqliteRow>) -> Vec<SqliteRecord> {
+    rows.into_iter().map(SqliteRecord::Read).collect()
+}
+
+#[async_trait::async_trait]
+impl crate::sql::Backend for SqliteBackend {
+    type Tx = SqliteTx;
+    type Row = SqliteRecord;
 
     fn sql(&self) -> &'static Statements {
         SQL.get_or_init(|| Statements::render(&DIALECT))
@@ -212,11 +301,61 @@ crate::sql::sqlx_backend!(SqliteBackend, Sqlite, SqliteRow, reads: reader, {
     async fn begin_write(&self) -> Result<Self::Tx> {
         // The write lock now: a read inside the transaction can never be
         // invalidated by another process writing the file.
-        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+        Ok(SqliteTx::Write(self.writer.begin().await?))
     }
 
     async fn begin_read(&self) -> Result<Self::Tx> {
-        Ok(self.reader.begin().await?)
+        Ok(SqliteTx::Read(self.reader.begin().await?))
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        match tx {
+            SqliteTx::Write(tx) => Ok(tx.commit()?),
+            SqliteTx::Read(tx) => Ok(tx.commit().await?),
+        }
+    }
+
+    async fn exec(&self, tx: &mut Self::Tx, sql: &'static str, args: Args) -> sqlx::Result<u64> {
+        match tx {
+            SqliteTx::Write(tx) => tx.exec(sql, args),
+            SqliteTx::Read(tx) => {
+                let q = crate::sql::bind_all(sqlx::query(sql), args);
+                Ok(q.execute(&mut **tx).await?.rows_affected())
+            }
+        }
+    }
+
+    async fn fetch(
+        &self,
+        tx: &mut Self::Tx,
+        sql: &'static str,
+        args: Args,
+    ) -> sqlx::Result<Vec<SqliteRecord>> {
+        match tx {
+            SqliteTx::Write(tx) => Ok(tx
+                .fetch(sql, args)?
+                .into_iter()
+                .map(SqliteRecord::Written)
+                .collect()),
+            SqliteTx::Read(tx) => crate::sql::bind_all(sqlx::query(sql), args)
+                .fetch_all(&mut **tx)
+                .await
+                .map(read_rows),
+        }
+    }
+
+    async fn raw(&self, tx: &mut Self::Tx, sql: &'static str) -> sqlx::Result<()> {
+        match tx {
+            SqliteTx::Write(tx) => tx.raw(sql),
+            SqliteTx::Read(tx) => sqlx::raw_sql(sql).execute(&mut **tx).await.map(|_| ()),
+        }
+    }
+
+    async fn read(&self, sql: &'static str, args: Args) -> sqlx::Result<Vec<SqliteRecord>> {
+        crate::sql::bind_all(sqlx::query(sql), args)
+            .fetch_all(&self.reader)
+            .await
+            .map(read_rows)
     }
 
     async fn db_now(&self) -> Result<UnixMillis> {
@@ -227,4 +366,4 @@ crate::sql::sqlx_backend!(SqliteBackend, Sqlite, SqliteRow, reads: reader, {
     fn announce(&self, _tasks: &[TaskChange], _schedules: &[ScheduleChange]) {
         // One process owns the file: nobody else to tell.
     }
-});
+}

@@ -23,6 +23,25 @@ async fn pragma(pool: &sqlx::SqlitePool, name: &str) -> String {
         .expect("pragma value")
 }
 
+async fn writer_pragma(store: &SqliteStore, name: &str) -> String {
+    let sql = format!("PRAGMA {name}");
+    store
+        .backend()
+        .writer
+        .with(move |c| {
+            c.query_row(&sql, [], |row| {
+                let v: rusqlite::types::Value = row.get(0)?;
+                Ok(match v {
+                    rusqlite::types::Value::Text(s) => s,
+                    rusqlite::types::Value::Integer(i) => i.to_string(),
+                    other => format!("{other:?}"),
+                })
+            })
+        })
+        .await
+        .expect("pragma")
+}
+
 #[tokio::test]
 async fn open_creates_directories_and_applies_settings() {
     let dir = TempDir::new().expect("tempdir");
@@ -31,11 +50,13 @@ async fn open_creates_directories_and_applies_settings() {
         .await
         .expect("open");
     assert!(path.exists());
-    let (writer, reader) = (&store.backend().writer, &store.backend().reader);
-    assert_eq!(pragma(writer, "journal_mode").await, "wal");
+    let reader = &store.backend().reader;
+    assert_eq!(writer_pragma(&store, "journal_mode").await, "wal");
     assert_eq!(pragma(reader, "journal_mode").await, "wal");
-    assert_eq!(pragma(writer, "synchronous").await, "2", "FULL");
-    assert_eq!(pragma(writer, "foreign_keys").await, "1");
+    assert_eq!(writer_pragma(&store, "synchronous").await, "2", "FULL");
+    assert_eq!(writer_pragma(&store, "foreign_keys").await, "1");
+    assert_eq!(writer_pragma(&store, "temp_store").await, "2", "MEMORY");
+    assert_eq!(writer_pragma(&store, "cache_size").await, "-16384");
     assert_eq!(pragma(reader, "query_only").await, "1");
     let refused = sqlx::query("DELETE FROM tasks").execute(reader).await;
     assert!(refused.is_err(), "readers must not write");
@@ -46,10 +67,12 @@ async fn open_creates_directories_and_applies_settings() {
         ..SqliteOptions::new(&path)
     };
     let store = SqliteStore::open(relaxed).await.expect("reopen");
-    assert_eq!(
-        pragma(&store.backend().writer, "synchronous").await,
-        "1",
-        "NORMAL"
+    assert_eq!(writer_pragma(&store, "synchronous").await, "1", "NORMAL");
+    store.close().await;
+    let closed = store.create_task(new_task("h"), "fp", T0).await;
+    assert!(
+        matches!(closed, Err(crate::Error::Unavailable(_))),
+        "a closed store refuses writes: {closed:?}"
     );
 }
 
@@ -90,9 +113,16 @@ async fn corrupt_rows_are_internal_errors_naming_the_task() {
         .await
         .expect("create")
         .task;
-    sqlx::query("UPDATE tasks SET labels = 'not json' WHERE id = ?")
-        .bind(&task.id)
-        .execute(&store.backend().writer)
+    let id = task.id.clone();
+    store
+        .backend()
+        .writer
+        .with(move |c| {
+            c.execute(
+                "UPDATE tasks SET labels = 'not json' WHERE id = ?",
+                [id.as_str()],
+            )
+        })
         .await
         .expect("corrupt the row");
 
@@ -157,4 +187,36 @@ async fn two_stores_on_one_file_never_double_claim() {
     let unique: BTreeSet<_> = ids.iter().collect();
     assert_eq!(unique.len(), ids.len(), "a task was claimed twice");
     assert_eq!(ids.len(), 60);
+}
+
+/// A write transaction dropped before its commit (an error, a cancelled
+/// caller) leaves nothing behind, and the writer serves the next one.
+#[tokio::test]
+async fn an_unfinished_write_rolls_back_and_frees_the_writer() {
+    use crate::sql::Backend;
+    let dir = TempDir::new().expect("tempdir");
+    let store = SqliteStore::open_in(dir.path()).await.expect("open");
+    let b = store.backend();
+    let mut tx = b.begin_write().await.expect("begin");
+    let written = b
+        .exec(
+            &mut tx,
+            "INSERT INTO fences (name, token) VALUES ('probe', 7)",
+            Vec::new(),
+        )
+        .await
+        .expect("insert");
+    assert_eq!(written, 1);
+    drop(tx);
+    let mut tx = b.begin_write().await.expect("the writer is free again");
+    let rows = b
+        .fetch(
+            &mut tx,
+            "SELECT COUNT(*) AS n FROM fences WHERE name = 'probe'",
+            Vec::new(),
+        )
+        .await
+        .expect("count");
+    assert_eq!(crate::decode::Columns::int(&rows[0], "n"), Ok(0));
+    b.commit(tx).await.expect("commit");
 }
