@@ -275,6 +275,11 @@ struct WorkerArgs {
     /// handler starts (how `taskmesh bench` sees the start from the worker).
     #[arg(long, hide = true, value_name = "FILE")]
     start_stamps: Option<PathBuf>,
+    /// Bench tool: run this many workers in this one process, each with a
+    /// connection and stream of its own and the id `{worker-id}-{k}` (how
+    /// `taskmesh bench --scenario workers` opens a thousand cheaply).
+    #[arg(long, hide = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    copies: u32,
     /// Push mode: instead of holding a stream, serve the taskmesh.v1.Worker
     /// gRPC service on this address (e.g. 127.0.0.1:7070; port 0 picks one)
     /// and register it with the server, which then calls Worker.Execute for
@@ -482,7 +487,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             })?),
             None => None,
         };
-    let mut worker = taskmesh_worker::Worker::new(opts);
+    let mut handlers = Vec::with_capacity(args.handlers.len());
     for name in &args.handlers {
         let handler = taskmesh_worker::builtin::builtin(name).ok_or_else(|| {
             anyhow::anyhow!(
@@ -502,7 +507,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             Some(file) => std::sync::Arc::new(ledger::Stamped::new(handler, file.clone())),
             None => handler,
         };
-        worker.add_handler(name.as_str(), handler);
+        handlers.push((name.clone(), handler));
     }
     let shutdown = CancellationToken::new();
     let token = shutdown.clone();
@@ -511,7 +516,27 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         tracing::info!("shutdown signal received, draining");
         token.cancel();
     });
-    worker.run(shutdown).await?;
+    let make = |opts: taskmesh_worker::WorkerOptions| {
+        let mut worker = taskmesh_worker::Worker::new(opts);
+        for (name, handler) in &handlers {
+            worker.add_handler(name.as_str(), std::sync::Arc::clone(handler));
+        }
+        worker
+    };
+    if args.copies == 1 {
+        make(opts).run(shutdown).await?;
+        return Ok(());
+    }
+    let mut copies = tokio::task::JoinSet::new();
+    for k in 0..args.copies {
+        let mut opts = opts.clone();
+        opts.worker_id = format!("{worker_id}-{k}");
+        opts.name = opts.worker_id.clone();
+        copies.spawn(make(opts).run(shutdown.child_token()));
+    }
+    while let Some(done) = copies.join_next().await {
+        done??;
+    }
     Ok(())
 }
 

@@ -120,7 +120,7 @@ async fn phase(
             })
         };
         let submitted = AtomicBool::new(false);
-        let (arrivals, _) = load::on_generator_thread({
+        let ((arrivals, _), _) = load::on_generator_thread({
             let addr = rig.node.grpc_addr;
             move || async move {
                 let api = load::client(addr).await?;

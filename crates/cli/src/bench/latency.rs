@@ -1,12 +1,14 @@
 //! `--scenario latency`: tasks arrive at a fixed rate below saturation;
 //! how long from submit to dispatch, to start and to completion.
 //!
-//! Arrival `i` is due at `t0 + i / rate`. Every millisecond the generator
-//! sends whatever has become due as one call (`SubmitTask` for one task,
-//! `SubmitTasks` for more), and each task's latency is counted from its
-//! *due* instant, not from when the call went out, so a generator or server
-//! that falls behind shows up in the figures instead of hiding (no
-//! coordinated omission). The end instants come from the store's change
+//! Arrival `i` is due at `t0 + i / rate`. The generator wakes at each due
+//! instant and sends whatever has become due as one call (`SubmitTask` for
+//! one task, `SubmitTasks` for more) without waiting for earlier calls, so
+//! a slow server cannot hold arrivals back (no coordinated omission). Each
+//! task's latency is counted from the instant its call went out, the point
+//! peers count from; how late the generator sent against the due instants
+//! (tokio's timer rounds a sleep up to the next millisecond) is reported on
+//! its own line, so a generator that falls behind shows. The end instants come from the store's change
 //! feed (see `load`): dispatched = the claim committed and the task pushed;
 //! ACK durable = the task's RUNNING committed (an ACK is held to be written
 //! with the result, so for a short task this is its end); completed = the
@@ -41,12 +43,16 @@ pub struct LatencyReport {
     pub duration_s: f64,
     /// Tasks submitted.
     pub tasks: u64,
+    /// PENDING tasks (due an hour later) in the store during the run.
+    pub pending: u64,
     /// Workers.
     pub workers: usize,
     /// Slots per worker.
     pub worker_concurrency: u32,
     /// Where the workers ran.
     pub workers_as: WorkersAs,
+    /// Due instant → the call sent: the generator's own lateness.
+    pub generator_late: Percentiles,
     /// Submit → claimed and pushed.
     pub submit_to_dispatch: Percentiles,
     /// Submit → the handler started, as the worker saw it.
@@ -73,34 +79,79 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
     let mut rig = Rig::start(args).await?;
     rig.stamp_starts()?;
     rig.start_workers(args).await?;
-    let recorder = Recorder::start(rig.node.store.clone(), true);
-    let result = async {
-        let mark = rig.cpu_mark();
-        let (submitted, generator_cpu) =
-            load::submit_while_draining(&rig, &recorder, tasks as u64, move |api| async move {
-                open_loop(&api, tasks, rate, "").await
-            })
-            .await?;
-        let cpu = rig.cpu_since(&mark, generator_cpu, tasks as u64);
-        Ok::<_, anyhow::Error>((submitted, cpu))
+    if args.pending > 0
+        && let Err(err) = fill_pending(&rig, args.pending, args.submit_batch).await
+    {
+        rig.stop().await;
+        return Err(err);
     }
-    .await;
-    let missed = recorder.missed.load(Ordering::Relaxed);
-    let seen = recorder.finish().await;
+    let result = measure(&rig, tasks, rate).await;
     let store = rig.store_label.clone();
-    let started = rig.started();
     rig.stop().await;
-    let (submitted, cpu) = result?;
-    let [dispatch, start, ack, complete] = histograms(&submitted, &seen, &started?)?;
+    let m = result?;
     Ok(LatencyReport {
         scenario: "latency",
         store,
         rate,
         duration_s: args.duration.as_secs_f64(),
-        tasks: submitted.len() as u64,
+        tasks: m.tasks,
+        pending: args.pending,
         workers: args.workers,
         worker_concurrency: args.worker_concurrency,
         workers_as: args.workers_as,
+        generator_late: m.generator_late,
+        submit_to_dispatch: m.submit_to_dispatch,
+        submit_to_start: m.submit_to_start,
+        submit_to_ack_durable: m.submit_to_ack_durable,
+        submit_to_complete: m.submit_to_complete,
+        missed_changes: m.missed_changes,
+        cpu: m.cpu,
+    })
+}
+
+/// One open-loop run's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measured {
+    /// Tasks submitted.
+    pub tasks: u64,
+    /// Due instant → the call sent.
+    pub generator_late: Percentiles,
+    /// Submit → claimed and pushed.
+    pub submit_to_dispatch: Percentiles,
+    /// Submit → the handler started, as the worker saw it.
+    pub submit_to_start: Percentiles,
+    /// Submit → the task's RUNNING durable.
+    pub submit_to_ack_durable: Percentiles,
+    /// Submit → the result durable.
+    pub submit_to_complete: Percentiles,
+    /// Changes the recorder missed.
+    pub missed_changes: u64,
+    /// CPU over the run.
+    pub cpu: CpuReport,
+}
+
+/// Sends `tasks` arrivals at `rate` to `rig` (whose workers stamp their
+/// starts) and waits until they have ended; the figures of that run.
+pub(super) async fn measure(rig: &Rig, tasks: usize, rate: f64) -> anyhow::Result<Measured> {
+    let recorder = Recorder::start(rig.node.store.clone(), true);
+    let result = async {
+        let mark = rig.cpu_mark();
+        let ((submitted, late), generator_cpu) =
+            load::submit_while_draining(rig, &recorder, tasks as u64, move |api| async move {
+                open_loop(&api, tasks, rate, "").await
+            })
+            .await?;
+        let cpu = rig.cpu_since(&mark, generator_cpu, tasks as u64);
+        Ok::<_, anyhow::Error>((submitted, late, cpu))
+    }
+    .await;
+    let missed = recorder.missed.load(Ordering::Relaxed);
+    let seen = recorder.finish().await;
+    let (submitted, late, cpu) = result?;
+    let [dispatch, start, ack, complete] = histograms(&submitted, &seen, &rig.started()?)?;
+    Ok(Measured {
+        tasks: submitted.len() as u64,
+        generator_late: Percentiles::of(&late),
         submit_to_dispatch: Percentiles::of(&dispatch),
         submit_to_start: Percentiles::of(&start),
         submit_to_ack_durable: Percentiles::of(&ack),
@@ -110,14 +161,31 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
     })
 }
 
+/// Submits `pending` tasks due an hour later, in calls of `batch`.
+async fn fill_pending(rig: &Rig, pending: u64, batch: usize) -> anyhow::Result<()> {
+    let api = load::client(rig.node.grpc_addr).await?;
+    let mut bar = load::progress(pending, "pending");
+    let mut done = 0u64;
+    while done < pending {
+        let n = (pending - done).min(100_000) as usize;
+        load::submit_all(&api, n, batch, 4, load::pending_request).await?;
+        done += n as u64;
+        bar.set_position(done);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
 /// Sends `tasks` arrivals at `rate` to `namespace`; returns each id with
-/// its due instant.
+/// the instant its call went out, and how late each call went out against
+/// its first task's due instant (µs).
 pub(super) async fn open_loop(
     api: &pb::task_api_client::TaskApiClient<tonic::transport::Channel>,
     tasks: usize,
     rate: f64,
     namespace: &'static str,
-) -> anyhow::Result<Vec<Submitted>> {
+) -> anyhow::Result<(Vec<Submitted>, Histogram<u64>)> {
+    let mut late = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
     let t0 = Instant::now();
     let due_at = |i: usize| t0 + Duration::from_secs_f64(i as f64 / rate);
     let mut calls = tokio::task::JoinSet::new();
@@ -131,6 +199,9 @@ pub(super) async fn open_loop(
             let n = due - first;
             sent = due;
             let mut api = api.clone();
+            let sent_at = Instant::now();
+            let behind = sent_at.saturating_duration_since(due_at(first));
+            late.saturating_record((behind.as_micros() as u64).max(1));
             calls.spawn(async move {
                 let ids: Vec<String> = if n == 1 {
                     let r = api
@@ -148,33 +219,25 @@ pub(super) async fn open_loop(
                         .filter_map(|r| r.accepted.map(|a| a.task_id))
                         .collect()
                 };
-                Ok::<_, tonic::Status>((first, ids))
+                Ok::<_, tonic::Status>((sent_at, ids))
             });
         }
         while let Some(done) = calls.try_join_next() {
-            let (first, ids) = done??;
-            out.extend(
-                ids.into_iter()
-                    .enumerate()
-                    .map(|(k, id)| (id, due_at(first + k))),
-            );
+            let (sent_at, ids) = done??;
+            out.extend(ids.into_iter().map(|id| (id, sent_at)));
         }
         // Wake at the next arrival (timer granularity is about 1 ms, so
         // several arrivals may go together at high rates).
         tokio::time::sleep_until(due_at(sent).into()).await;
     }
     while let Some(done) = calls.join_next().await {
-        let (first, ids) = done??;
-        out.extend(
-            ids.into_iter()
-                .enumerate()
-                .map(|(k, id)| (id, due_at(first + k))),
-        );
+        let (sent_at, ids) = done??;
+        out.extend(ids.into_iter().map(|id| (id, sent_at)));
     }
-    Ok(out)
+    Ok((out, late))
 }
 
-/// Per task, from its due instant: to dispatch, to the handler's start as
+/// Per task, from the instant its call went out: to dispatch, to the handler's start as
 /// its worker stamped it, to its ACK durable, to its end durable.
 pub(super) fn histograms(
     submitted: &[Submitted],
@@ -225,6 +288,14 @@ pub fn print(r: &LatencyReport) {
                 "{:.0}/s for {:.1} s = {} tasks",
                 r.rate, r.duration_s, r.tasks
             ),
+        ),
+        (
+            "PENDING tasks (due in an hour)".into(),
+            r.pending.to_string(),
+        ),
+        (
+            "generator late (due → sent) p50/p90/p99/max ms".into(),
+            p(&r.generator_late),
         ),
         (
             "submit → dispatch p50/p90/p99/max ms".into(),

@@ -79,6 +79,14 @@ pub struct LoadArgs {
     /// Tasks per `SubmitTasks` call while loading.
     #[arg(long, default_value_t = 1_000)]
     pub submit_batch: usize,
+    /// `latency`: this many tasks due an hour later are submitted before
+    /// the run, so it measures beside that many PENDING rows.
+    #[arg(long, default_value_t = 0)]
+    pub pending: u64,
+    /// `workers`: how many workers the extra process connects, each on a
+    /// connection of its own.
+    #[arg(long, default_value_t = super::fleet::DEFAULT_FLEET)]
+    pub fleet: u32,
     /// The store: a fresh SQLite database in a temporary directory when
     /// unset; `sqlite://DIR` for a (new) data directory of your choosing;
     /// `postgres://…` or `mysql://…` (`mariadb://…`) for a server, where
@@ -112,6 +120,14 @@ impl LoadArgs {
         anyhow::ensure!(
             !self.duration.is_zero() && self.duration <= Duration::from_secs(3_600),
             "--duration must be in (0, 1h]"
+        );
+        anyhow::ensure!(
+            self.pending <= 10_000_000,
+            "--pending must be at most 10000000"
+        );
+        anyhow::ensure!(
+            (1..=10_000).contains(&self.fleet),
+            "--fleet must be 1..=10000"
         );
         Ok(())
     }
@@ -190,6 +206,10 @@ impl Rig {
         let mut opts = NodeOptions::new();
         // A benchmark measures the machine, not the per-namespace quotas.
         opts.dispatcher.quotas = taskmesh_dispatcher::quota::QuotaOptions::unlimited();
+        // Nor the per-client connection limit: every connection of a bench
+        // comes from 127.0.0.1 (`--scenario workers` opens up to 10,000).
+        opts.conn_limits.max_total = 16_384;
+        opts.conn_limits.max_per_peer = 16_384;
         let mut dir = None;
         let mut scratch = None;
         let mut store_label = store_label(args);
@@ -405,6 +425,84 @@ impl Rig {
             );
             // Polling a condition with a deadline.
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Starts one worker process running `copies` workers of `concurrency`
+    /// slots each (`worker --copies`), ids `{prefix}-{k}`, each on a
+    /// connection of its own, and waits up to `within` until all are
+    /// connected. Needs the rig's workers to be processes.
+    pub async fn start_fleet(
+        &mut self,
+        args: &LoadArgs,
+        copies: u32,
+        concurrency: u32,
+        prefix: &str,
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        let Workers::Processes(children) = &mut self.workers else {
+            anyhow::bail!("a fleet needs --workers-as processes");
+        };
+        let bin = match &args.worker_bin {
+            Some(p) => p.clone(),
+            None => std::env::current_exe().context("locating the taskmesh binary")?,
+        };
+        let mut command = tokio::process::Command::new(&bin);
+        command.args([
+            "worker",
+            "--server",
+            &format!("http://{}", self.node.grpc_addr),
+        ]);
+        if let Some(dir) = &self.stamps {
+            command
+                .arg("--start-stamps")
+                .arg(dir.path().join(format!("stamps-{prefix}")));
+        }
+        let child = command
+            .args(["--handlers", "echo", "--log", "warn"])
+            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--copies", &copies.to_string(), "--worker-id", prefix])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        children.push(child);
+        let mut api = pb::task_api_client::TaskApiClient::new(self.channel.clone());
+        let deadline = Instant::now() + within;
+        loop {
+            let connected = api
+                .list_workers(pb::ListWorkersRequest::default())
+                .await?
+                .into_inner()
+                .workers
+                .iter()
+                .filter(|w| w.worker_id.starts_with(&format!("{prefix}-")))
+                .count();
+            if connected >= copies as usize {
+                return Ok(());
+            }
+            if let Workers::Processes(children) = &mut self.workers
+                && let Some(c) = children.last_mut()
+                && let Some(status) = c.try_wait()?
+            {
+                anyhow::bail!("the fleet process exited early: {status}");
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "only {connected} of {copies} fleet workers connected within {within:?}"
+            );
+            // Polling a condition with a deadline.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The pid of the worker process started last, if workers are
+    /// processes.
+    pub fn last_worker_pid(&self) -> Option<u32> {
+        match &self.workers {
+            Workers::Processes(children) => children.last().and_then(|c| c.id()),
+            _ => None,
         }
     }
 
@@ -680,14 +778,27 @@ pub fn echo_request_in(namespace: &str) -> pb::SubmitTaskRequest {
     }
 }
 
-/// Sends `tasks` as `SubmitTasks` calls of `batch`, at most `parallel` in
-/// flight, as fast as they are accepted. Returns the ids, each with the
-/// instant its call was sent.
+/// An `echo` task due an hour from its submit: it stays PENDING for the
+/// whole of a run (`latency --pending`).
+pub fn pending_request() -> pb::SubmitTaskRequest {
+    pb::SubmitTaskRequest {
+        delay: Some(prost_types::Duration {
+            seconds: 3_600,
+            nanos: 0,
+        }),
+        ..echo_request()
+    }
+}
+
+/// Sends `tasks` requests made by `request` as `SubmitTasks` calls of
+/// `batch`, at most `parallel` in flight, as fast as they are accepted.
+/// Returns the ids, each with the instant its call was sent.
 pub async fn submit_all(
     api: &pb::task_api_client::TaskApiClient<Channel>,
     tasks: usize,
     batch: usize,
     parallel: usize,
+    request: fn() -> pb::SubmitTaskRequest,
 ) -> anyhow::Result<Vec<Submitted>> {
     let mut out = Vec::with_capacity(tasks);
     let mut calls = tokio::task::JoinSet::new();
@@ -700,7 +811,7 @@ pub async fn submit_all(
             calls.spawn(async move {
                 let at = Instant::now();
                 let req = pb::SubmitTasksRequest {
-                    tasks: (0..n).map(|_| echo_request()).collect(),
+                    tasks: (0..n).map(|_| request()).collect(),
                 };
                 api.submit_tasks(req).await.map(|r| (r.into_inner(), at))
             });

@@ -5,6 +5,7 @@
 mod cpu;
 mod cron;
 mod fairness;
+mod fleet;
 mod latency;
 mod load;
 mod scratch;
@@ -33,6 +34,10 @@ pub enum Scenario {
     /// `--duration`) alone and beside one flooding with `--tasks` (default
     /// 200000).
     Fairness,
+    /// A thousand workers (`--fleet`) connected to one node: the node's
+    /// memory per connected worker, and the latency at `--rate` (default
+    /// 1000/s) with and without them.
+    Workers,
 }
 
 /// Output forms.
@@ -125,6 +130,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             match args.output {
                 BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
                 BenchOutput::Table => fairness::print(&report),
+            }
+        }
+        Scenario::Workers => {
+            let report = fleet::run(&args.load).await?;
+            match args.output {
+                BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                BenchOutput::Table => fleet::print(&report),
             }
         }
         Scenario::Latency => {

@@ -70,7 +70,7 @@ pub async fn run(args: &LoadArgs, tasks: usize) -> anyhow::Result<ThroughputRepo
                 let started = Instant::now();
                 let (ids, _) = load::on_generator_thread(move || async move {
                     let api = load::client(addr).await?;
-                    load::submit_all(&api, tasks, batch, 4).await
+                    load::submit_all(&api, tasks, batch, 4, load::echo_request).await
                 })
                 .await?;
                 let submit_per_s = ids.len() as f64 / started.elapsed().as_secs_f64();
@@ -101,7 +101,9 @@ pub async fn run(args: &LoadArgs, tasks: usize) -> anyhow::Result<ThroughputRepo
                     tasks as u64,
                     move |api| async move {
                         match rate {
-                            None => load::submit_all(&api, tasks, batch, 4).await,
+                            None => {
+                                load::submit_all(&api, tasks, batch, 4, load::echo_request).await
+                            }
                             Some(rate) => paced(&api, tasks, batch, rate).await,
                         }
                     },
