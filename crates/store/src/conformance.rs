@@ -73,6 +73,7 @@ macro_rules! store_conformance_suite {
             due_schedules_and_next_due,
             fire_commit_is_atomic_and_idempotent,
             fire_commit_cancels_the_previous_run,
+            fire_commits_of_many_schedules_go_together,
             awaiting_run_end_lists_fixed_delay_waiters,
             fenced_writes_from_an_old_leader_are_refused,
             callback_queued_with_terminal_transition,
@@ -262,6 +263,6 @@ pub use namespaces::{
 pub use schedules::{
     awaiting_run_end_lists_fixed_delay_waiters, due_schedules_and_next_due,
     fire_commit_cancels_the_previous_run, fire_commit_is_atomic_and_idempotent,
-    schedule_crud_with_cas,
+    fire_commits_of_many_schedules_go_together, schedule_crud_with_cas,
 };
 pub use scheduling::{due_tasks_after_run_at, in_flight_by_worker, ready_counts_by_handler};

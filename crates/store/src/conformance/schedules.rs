@@ -206,6 +206,106 @@ pub async fn fire_commit_is_atomic_and_idempotent(fixture: &dyn StoreFixture) {
     assert_eq!(page.tasks.len(), 1);
 }
 
+/// Schedules due together are written in one go: a new fire creates its
+/// task, a fire whose key a task holds already answers with that task, a
+/// stale compare-and-set writes nothing for its schedule only. When the
+/// batch cannot be written (here: two fires claiming one key), every
+/// schedule still gets its own answer, one task per key.
+pub async fn fire_commits_of_many_schedules_go_together(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store: &dyn Store = store.as_ref();
+    for id in ["ma", "mb", "mc"] {
+        store
+            .create_schedule(&schedule(id, Some(T0)))
+            .await
+            .unwrap();
+    }
+    let a = schedule("ma", Some(T0));
+    let c = schedule("mc", Some(T0));
+    // mb fired T0 once already.
+    let b_first = taskmesh_core::id::new_task_id();
+    store
+        .commit_fires(fire_commit(&schedule("mb", Some(T0)), T0, &b_first), T0)
+        .await
+        .unwrap()
+        .expect("first fire of mb");
+    let b = store.get_schedule("mb").await.unwrap().unwrap();
+
+    let a_task = taskmesh_core::id::new_task_id();
+    let mut stale = fire_commit(&c, T0, &taskmesh_core::id::new_task_id());
+    stale.expected_version = 7;
+    let results = store
+        .commit_fires_many(
+            vec![
+                fire_commit(&a, T0, &a_task),
+                fire_commit(&b, T0, &taskmesh_core::id::new_task_id()),
+                stale,
+            ],
+            T0 + 5,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(results.len(), 3);
+    let ids = |r: &crate::Result<Option<crate::FireCommitted>>| -> Option<Vec<String>> {
+        r.as_ref()
+            .expect("no error")
+            .as_ref()
+            .map(|d| d.tasks.iter().map(|t| t.id.clone()).collect())
+    };
+    assert_eq!(ids(&results[0]), Some(vec![a_task.clone()]));
+    assert_eq!(
+        ids(&results[1]),
+        Some(vec![b_first.clone()]),
+        "a held key answers with its task"
+    );
+    assert_eq!(
+        ids(&results[2]),
+        None,
+        "a stale compare-and-set writes nothing"
+    );
+    assert_eq!(get(store, &a_task).await.schedule_id.as_deref(), Some("ma"));
+    let versions = [
+        store.get_schedule("ma").await.unwrap().unwrap().version,
+        store.get_schedule("mb").await.unwrap().unwrap().version,
+        store.get_schedule("mc").await.unwrap().unwrap().version,
+    ];
+    assert_eq!(versions, [2, 3, 1]);
+    assert_eq!(store.recent_fires("ma", 10).await.unwrap().len(), 1);
+    assert_eq!(store.recent_fires("mb", 10).await.unwrap().len(), 1);
+    assert!(store.recent_fires("mc", 10).await.unwrap().is_empty());
+
+    // Two fires claiming one key in one batch: the batch cannot be written
+    // whole; each schedule still gets an answer and the key one task.
+    let a = store.get_schedule("ma").await.unwrap().unwrap();
+    let c = store.get_schedule("mc").await.unwrap().unwrap();
+    let first = taskmesh_core::id::new_task_id();
+    let mut clash = fire_commit(&c, T0 + 1_000, &taskmesh_core::id::new_task_id());
+    clash.tasks[0].0.client_request_id = Some(a.fire_key(T0 + 1_000));
+    let results = store
+        .commit_fires_many(
+            vec![fire_commit(&a, T0 + 1_000, &first), clash],
+            T0 + 1_005,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&results[0]), Some(vec![first.clone()]));
+    assert_eq!(
+        ids(&results[1]),
+        Some(vec![first.clone()]),
+        "the key's one task"
+    );
+    let page = store
+        .list_tasks(&crate::TaskFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.tasks.len(), 3, "ma twice, mb once: {:?}", page.tasks);
+}
+
 /// CANCEL_PREVIOUS: the previous run is cancelled in the same transaction.
 pub async fn fire_commit_cancels_the_previous_run(fixture: &dyn StoreFixture) {
     let store = fixture.open().await;

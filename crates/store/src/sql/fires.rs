@@ -3,13 +3,16 @@
 //! previous run, the tasks of its fires (idempotent on their
 //! `schedule:<id>:<fire time>` keys) and its fire records — all or nothing
 //! per schedule, one commit for every schedule due at the same instant,
-//! behind the leader fence.
+//! behind the leader fence. Several schedules due together, none cancelling
+//! a previous run, are first written as one batch ([`commit_batch`]: a
+//! hundred schedules in ~200 statements instead of ~800); if the batch
+//! fails it is rolled back and they go one by one as above.
 
 use taskmesh_core::{TaskRecord, UnixMillis};
 
 use super::backend::{Backend, in_savepoint};
 use super::schedules::write_cas;
-use super::tasks::{holders, insert_rows, lock_task};
+use super::tasks::{Key, holders, insert_rows, lock_task};
 use super::transitions::{check_fence, transition_one};
 use super::{SqlStore, args};
 use crate::error::is_unique_violation;
@@ -37,7 +40,7 @@ async fn commit_one<B: Backend>(
     tx: &mut B::Tx,
     commit: FireCommit,
     now: UnixMillis,
-) -> Result<Option<(FireCommitted, Vec<TaskChange>)>> {
+) -> Result<OneDone> {
     if !write_cas(b, tx, &commit.schedule, commit.expected_version).await? {
         return Ok(None);
     }
@@ -97,6 +100,93 @@ async fn commit_one<B: Backend>(
     Ok(Some((committed, changes)))
 }
 
+/// What [`commit_one`] answers for one schedule.
+type OneDone = Option<(FireCommitted, Vec<TaskChange>)>;
+
+/// Every commit of a round at once, when none cancels a previous run: the
+/// schedules' compare-and-sets, one look-up of the fires' idempotency keys,
+/// one multi-row insert of the new tasks, then the fire records — about a
+/// quarter of the statements [`commit_one`] runs per schedule (no savepoint
+/// per schedule or per task, no look-up per task). An error (a key a racing
+/// writer took after the look-up, a constraint) fails the whole batch; the
+/// caller then rolls it back and goes schedule by schedule.
+async fn commit_batch<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    commits: &[FireCommit],
+    now: UnixMillis,
+) -> Result<Vec<OneDone>> {
+    let mut won = Vec::with_capacity(commits.len());
+    for commit in commits {
+        won.push(write_cas(b, tx, &commit.schedule, commit.expected_version).await?);
+    }
+    let keys: Vec<Key> = commits
+        .iter()
+        .zip(&won)
+        .filter(|(_, won)| **won)
+        .flat_map(|(c, _)| &c.tasks)
+        .filter_map(|(t, _)| Some((t.namespace.clone(), t.client_request_id.clone()?)))
+        .collect();
+    let mut held = holders(b, tx, &keys).await?;
+    // Per commit, per task: the stored task holding its key, or the new
+    // record (index into `new`).
+    let mut new: Vec<(TaskRecord, &str)> = Vec::new();
+    let mut plans: Vec<Vec<Result<TaskRecord, usize>>> = Vec::with_capacity(commits.len());
+    for (commit, won) in commits.iter().zip(&won) {
+        let mut plan = Vec::new();
+        if *won {
+            for (task, fingerprint) in &commit.tasks {
+                let stored = task
+                    .client_request_id
+                    .as_ref()
+                    .and_then(|k| held.remove(&(task.namespace.clone(), k.clone())));
+                match stored {
+                    Some((stored, _)) => plan.push(Ok(stored)),
+                    None => {
+                        plan.push(Err(new.len()));
+                        new.push((task.clone().into_record(now), fingerprint.as_str()));
+                    }
+                }
+            }
+        }
+        plans.push(plan);
+    }
+    let rows: Vec<(&TaskRecord, &str)> = new.iter().map(|(t, fp)| (t, *fp)).collect();
+    insert_rows(b, tx, &rows).await??;
+    for (commit, _) in commits.iter().zip(&won).filter(|(_, won)| **won) {
+        for f in &commit.fires {
+            let values = args![
+                &commit.schedule.id,
+                f.fire_at,
+                f.handled_at,
+                f.outcome.as_str(),
+                f.task_id.clone()
+            ];
+            b.exec(tx, &b.sql().insert_fire, values).await?;
+        }
+    }
+    let mut out = Vec::with_capacity(commits.len());
+    for (plan, won) in plans.into_iter().zip(won) {
+        if !won {
+            out.push(None);
+            continue;
+        }
+        let mut committed = FireCommitted::default();
+        let mut changes = Vec::new();
+        for entry in plan {
+            match entry {
+                Ok(stored) => committed.tasks.push(stored),
+                Err(i) => {
+                    changes.push(TaskChange::of(&new[i].0));
+                    committed.tasks.push(new[i].0.clone());
+                }
+            }
+        }
+        out.push(Some((committed, changes)));
+    }
+    Ok(out)
+}
+
 impl<B: Backend> SqlStore<B> {
     /// `Store::commit_fires_many`; see the module comment.
     pub(super) async fn sched_commit_many(
@@ -111,6 +201,31 @@ impl<B: Backend> SqlStore<B> {
         let mut results = Vec::with_capacity(commits.len());
         let mut task_changes = Vec::new();
         let mut schedule_changes = Vec::new();
+        if commits.len() > 1 && commits.iter().all(|c| c.cancel.is_none()) {
+            let batch = in_savepoint!(b, &mut tx, "fires", {
+                commit_batch(b, &mut tx, &commits, now).await
+            });
+            match batch {
+                Ok(done) => {
+                    for (commit, done) in commits.iter().zip(done) {
+                        match done {
+                            Some((done, changes)) => {
+                                task_changes.extend(changes);
+                                schedule_changes.push(ScheduleChange::of(&commit.schedule));
+                                results.push(Ok(Some(done)));
+                            }
+                            None => results.push(Ok(None)),
+                        }
+                    }
+                    b.commit(tx).await?;
+                    self.publish(&task_changes, &schedule_changes);
+                    return Ok(results);
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, "batched fires failed; writing schedule by schedule");
+                }
+            }
+        }
         for commit in commits {
             // A savepoint per schedule: one failing commit leaves nothing
             // half-written and does not undo the others.
