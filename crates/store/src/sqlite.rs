@@ -228,61 +228,30 @@ pub enum SqliteRecord {
     Read(SqliteRow),
 }
 
-impl Columns for SqliteRecord {
-    fn text(&self, col: &str) -> Result<String, String> {
-        match self {
-            Self::Written(r) => r.text(col),
-            Self::Read(r) => r.text(col),
+/// Each [`Columns`] method of [`SqliteRecord`] asks the row it holds.
+macro_rules! delegate_columns {
+    ($($name:ident -> $t:ty),* $(,)?) => {
+        impl Columns for SqliteRecord {
+            $(fn $name(&self, col: &str) -> Result<$t, String> {
+                match self {
+                    Self::Written(r) => r.$name(col),
+                    Self::Read(r) => r.$name(col),
+                }
+            })*
         }
-    }
-    fn opt_text(&self, col: &str) -> Result<Option<String>, String> {
-        match self {
-            Self::Written(r) => r.opt_text(col),
-            Self::Read(r) => r.opt_text(col),
-        }
-    }
-    fn int(&self, col: &str) -> Result<i64, String> {
-        match self {
-            Self::Written(r) => r.int(col),
-            Self::Read(r) => r.int(col),
-        }
-    }
-    fn opt_int(&self, col: &str) -> Result<Option<i64>, String> {
-        match self {
-            Self::Written(r) => r.opt_int(col),
-            Self::Read(r) => r.opt_int(col),
-        }
-    }
-    fn int32(&self, col: &str) -> Result<i32, String> {
-        match self {
-            Self::Written(r) => r.int32(col),
-            Self::Read(r) => r.int32(col),
-        }
-    }
-    fn float(&self, col: &str) -> Result<f64, String> {
-        match self {
-            Self::Written(r) => r.float(col),
-            Self::Read(r) => r.float(col),
-        }
-    }
-    fn bytes(&self, col: &str) -> Result<Vec<u8>, String> {
-        match self {
-            Self::Written(r) => r.bytes(col),
-            Self::Read(r) => r.bytes(col),
-        }
-    }
-    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, String> {
-        match self {
-            Self::Written(r) => r.opt_bytes(col),
-            Self::Read(r) => r.opt_bytes(col),
-        }
-    }
-    fn flag(&self, col: &str) -> Result<bool, String> {
-        match self {
-            Self::Written(r) => r.flag(col),
-            Self::Read(r) => r.flag(col),
-        }
-    }
+    };
+}
+
+delegate_columns! {
+    text -> String,
+    opt_text -> Option<String>,
+    int -> i64,
+    opt_int -> Option<i64>,
+    int32 -> i32,
+    float -> f64,
+    bytes -> Vec<u8>,
+    opt_bytes -> Option<Vec<u8>>,
+    flag -> bool,
 }
 
 fn read_rows(rows: Vec<SqliteRow>) -> Vec<SqliteRecord> {

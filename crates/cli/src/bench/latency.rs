@@ -41,8 +41,6 @@ pub struct LatencyReport {
     pub rate: f64,
     /// Submitting lasted this long, in seconds.
     pub duration_s: f64,
-    /// Tasks submitted.
-    pub tasks: u64,
     /// PENDING tasks (due an hour later) in the store during the run.
     pub pending: u64,
     /// Workers.
@@ -51,20 +49,9 @@ pub struct LatencyReport {
     pub worker_concurrency: u32,
     /// Where the workers ran.
     pub workers_as: WorkersAs,
-    /// Due instant → the call sent: the generator's own lateness.
-    pub generator_late: Percentiles,
-    /// Submit → claimed and pushed.
-    pub submit_to_dispatch: Percentiles,
-    /// Submit → the handler started, as the worker saw it.
-    pub submit_to_start: Percentiles,
-    /// Submit → the task's RUNNING durable (the ACK written).
-    pub submit_to_ack_durable: Percentiles,
-    /// Submit → the result durable.
-    pub submit_to_complete: Percentiles,
-    /// Changes the recorder missed (tasks without a figure).
-    pub missed_changes: u64,
-    /// CPU over the run.
-    pub cpu: CpuReport,
+    /// The run's figures (their fields at this level in JSON).
+    #[serde(flatten)]
+    pub measured: Measured,
 }
 
 /// Runs the scenario.
@@ -88,24 +75,16 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
     let result = measure(&rig, tasks, rate).await;
     let store = rig.store_label.clone();
     rig.stop().await;
-    let m = result?;
     Ok(LatencyReport {
         scenario: "latency",
         store,
         rate,
         duration_s: args.duration.as_secs_f64(),
-        tasks: m.tasks,
         pending: args.pending,
         workers: args.workers,
         worker_concurrency: args.worker_concurrency,
         workers_as: args.workers_as,
-        generator_late: m.generator_late,
-        submit_to_dispatch: m.submit_to_dispatch,
-        submit_to_start: m.submit_to_start,
-        submit_to_ack_durable: m.submit_to_ack_durable,
-        submit_to_complete: m.submit_to_complete,
-        missed_changes: m.missed_changes,
-        cpu: m.cpu,
+        measured: result?,
     })
 }
 
@@ -120,11 +99,11 @@ pub struct Measured {
     pub submit_to_dispatch: Percentiles,
     /// Submit → the handler started, as the worker saw it.
     pub submit_to_start: Percentiles,
-    /// Submit → the task's RUNNING durable.
+    /// Submit → the task's RUNNING durable (the ACK written).
     pub submit_to_ack_durable: Percentiles,
     /// Submit → the result durable.
     pub submit_to_complete: Percentiles,
-    /// Changes the recorder missed.
+    /// Changes the recorder missed (tasks without a figure).
     pub missed_changes: u64,
     /// CPU over the run.
     pub cpu: CpuReport,
@@ -286,7 +265,7 @@ pub fn print(r: &LatencyReport) {
             "arrivals".into(),
             format!(
                 "{:.0}/s for {:.1} s = {} tasks",
-                r.rate, r.duration_s, r.tasks
+                r.rate, r.duration_s, r.measured.tasks
             ),
         ),
         (
@@ -295,29 +274,29 @@ pub fn print(r: &LatencyReport) {
         ),
         (
             "generator late (due → sent) p50/p90/p99/max ms".into(),
-            p(&r.generator_late),
+            p(&r.measured.generator_late),
         ),
         (
             "submit → dispatch p50/p90/p99/max ms".into(),
-            p(&r.submit_to_dispatch),
+            p(&r.measured.submit_to_dispatch),
         ),
         (
             "submit → start p50/p90/p99/max ms".into(),
-            p(&r.submit_to_start),
+            p(&r.measured.submit_to_start),
         ),
         (
             "submit → ACK durable p50/p90/p99/max ms".into(),
-            p(&r.submit_to_ack_durable),
+            p(&r.measured.submit_to_ack_durable),
         ),
         (
             "submit → complete p50/p90/p99/max ms".into(),
-            p(&r.submit_to_complete),
+            p(&r.measured.submit_to_complete),
         ),
         (
             "changes missed by the recorder".into(),
-            r.missed_changes.to_string(),
+            r.measured.missed_changes.to_string(),
         ),
     ];
-    rows.extend(load::cpu_rows(&r.cpu));
+    rows.extend(load::cpu_rows(&r.measured.cpu));
     load::print_rows("scenario: latency", &rows);
 }

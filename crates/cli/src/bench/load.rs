@@ -393,8 +393,22 @@ impl Rig {
                 }
             }
         }
+        self.wait_connected(namespace, prefix, args.workers, Duration::from_secs(30))
+            .await
+    }
+
+    /// Waits until `want` workers of `namespace` whose ids start with
+    /// `{prefix}-` are connected, failing when a worker process exits or
+    /// `within` passes.
+    async fn wait_connected(
+        &mut self,
+        namespace: &str,
+        prefix: &str,
+        want: usize,
+        within: Duration,
+    ) -> anyhow::Result<()> {
         let mut api = pb::task_api_client::TaskApiClient::new(self.channel.clone());
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + within;
         loop {
             let workers = api
                 .list_workers(pb::ListWorkersRequest {
@@ -408,7 +422,7 @@ impl Rig {
                 .iter()
                 .filter(|w| w.worker_id.starts_with(&format!("{prefix}-")))
                 .count();
-            if connected >= args.workers {
+            if connected >= want {
                 return Ok(());
             }
             if let Workers::Processes(children) = &mut self.workers {
@@ -420,8 +434,7 @@ impl Rig {
             }
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "only {connected} of {} workers connected within 30 s",
-                args.workers
+                "only {connected} of {want} workers ({prefix}-…) connected within {within:?}"
             );
             // Polling a condition with a deadline.
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -468,33 +481,8 @@ impl Rig {
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         children.push(child);
-        let mut api = pb::task_api_client::TaskApiClient::new(self.channel.clone());
-        let deadline = Instant::now() + within;
-        loop {
-            let connected = api
-                .list_workers(pb::ListWorkersRequest::default())
-                .await?
-                .into_inner()
-                .workers
-                .iter()
-                .filter(|w| w.worker_id.starts_with(&format!("{prefix}-")))
-                .count();
-            if connected >= copies as usize {
-                return Ok(());
-            }
-            if let Workers::Processes(children) = &mut self.workers
-                && let Some(c) = children.last_mut()
-                && let Some(status) = c.try_wait()?
-            {
-                anyhow::bail!("the fleet process exited early: {status}");
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "only {connected} of {copies} fleet workers connected within {within:?}"
-            );
-            // Polling a condition with a deadline.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.wait_connected("", prefix, copies as usize, within)
+            .await
     }
 
     /// The pid of the worker process started last, if workers are

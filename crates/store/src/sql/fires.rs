@@ -8,6 +8,7 @@
 //! hundred schedules in ~200 statements instead of ~800); if the batch
 //! fails it is rolled back and they go one by one as above.
 
+use taskmesh_core::schedule::FireRecord;
 use taskmesh_core::{TaskRecord, UnixMillis};
 
 use super::backend::{Backend, in_savepoint};
@@ -31,6 +32,26 @@ async fn held_by<B: Backend>(
         .await?
         .remove(&key)
         .map(|(t, _)| t))
+}
+
+/// The fire records of schedule `schedule_id`.
+async fn insert_fires<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    schedule_id: &str,
+    fires: &[FireRecord],
+) -> Result<()> {
+    for f in fires {
+        let values = args![
+            schedule_id,
+            f.fire_at,
+            f.handled_at,
+            f.outcome.as_str(),
+            f.task_id.clone()
+        ];
+        b.exec(tx, &b.sql().insert_fire, values).await?;
+    }
+    Ok(())
 }
 
 /// One schedule's commit inside `tx`; `None` when the schedule's version
@@ -87,16 +108,7 @@ async fn commit_one<B: Backend>(
             Err(err) => return Err(err.into()),
         }
     }
-    for f in &commit.fires {
-        let values = args![
-            &commit.schedule.id,
-            f.fire_at,
-            f.handled_at,
-            f.outcome.as_str(),
-            f.task_id.clone()
-        ];
-        b.exec(tx, &b.sql().insert_fire, values).await?;
-    }
+    insert_fires(b, tx, &commit.schedule.id, &commit.fires).await?;
     Ok(Some((committed, changes)))
 }
 
@@ -154,16 +166,7 @@ async fn commit_batch<B: Backend>(
     let rows: Vec<(&TaskRecord, &str)> = new.iter().map(|(t, fp)| (t, *fp)).collect();
     insert_rows(b, tx, &rows).await??;
     for (commit, _) in commits.iter().zip(&won).filter(|(_, won)| **won) {
-        for f in &commit.fires {
-            let values = args![
-                &commit.schedule.id,
-                f.fire_at,
-                f.handled_at,
-                f.outcome.as_str(),
-                f.task_id.clone()
-            ];
-            b.exec(tx, &b.sql().insert_fire, values).await?;
-        }
+        insert_fires(b, tx, &commit.schedule.id, &commit.fires).await?;
     }
     let mut out = Vec::with_capacity(commits.len());
     for (plan, won) in plans.into_iter().zip(won) {
