@@ -133,6 +133,50 @@ impl LoadArgs {
     }
 }
 
+/// The `taskmesh` binary workers are started from.
+fn worker_bin(args: &LoadArgs) -> anyhow::Result<PathBuf> {
+    match &args.worker_bin {
+        Some(p) => Ok(p.clone()),
+        None => std::env::current_exe().context("locating the taskmesh binary"),
+    }
+}
+
+/// One `taskmesh worker` process serving `echo`.
+struct WorkerCommand<'a> {
+    server: &'a str,
+    /// Its id (with `copies` > 1, the copies' ids are `{worker_id}-{k}`).
+    worker_id: &'a str,
+    namespace: &'a str,
+    concurrency: u32,
+    copies: u32,
+    /// Where its handlers' starts are stamped, if anywhere.
+    stamps: Option<&'a std::path::Path>,
+}
+
+/// Starts the worker process `w` describes (killed when its handle drops).
+fn spawn_worker(
+    bin: &std::path::Path,
+    w: WorkerCommand<'_>,
+) -> anyhow::Result<tokio::process::Child> {
+    let mut command = tokio::process::Command::new(bin);
+    command.args(["worker", "--server", w.server, "--handlers", "echo"]);
+    if let Some(path) = w.stamps {
+        command.arg("--start-stamps").arg(path);
+    }
+    if w.copies > 1 {
+        command.args(["--copies", &w.copies.to_string()]);
+    }
+    command
+        .args(["--concurrency", &w.concurrency.to_string()])
+        .args(["--worker-id", w.worker_id, "--log", "warn"])
+        .args(["--namespace", w.namespace])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))
+}
+
 /// The store a run uses, for the report (before it starts).
 fn store_label(args: &LoadArgs) -> String {
     match &args.database_url {
@@ -363,32 +407,27 @@ impl Rig {
                 }
             }
             WorkersAs::Processes => {
-                let bin = match &args.worker_bin {
-                    Some(p) => p.clone(),
-                    None => std::env::current_exe().context("locating the taskmesh binary")?,
-                };
+                let bin = worker_bin(args)?;
                 if !matches!(self.workers, Workers::Processes(_)) {
                     self.workers = Workers::Processes(Vec::new());
                 }
                 for i in 0..args.workers {
-                    let stamps = self.stamps_file(&format!("{prefix}-{i}"));
+                    let worker_id = format!("{prefix}-{i}");
+                    let stamps = self.stamps_file(&worker_id);
+                    let child = spawn_worker(
+                        &bin,
+                        WorkerCommand {
+                            server: &server,
+                            worker_id: &worker_id,
+                            namespace,
+                            concurrency: args.worker_concurrency,
+                            copies: 1,
+                            stamps: stamps.as_deref(),
+                        },
+                    )?;
                     let Workers::Processes(children) = &mut self.workers else {
                         unreachable!("set just above")
                     };
-                    let mut command = tokio::process::Command::new(&bin);
-                    command.args(["worker", "--server", &server, "--handlers", "echo"]);
-                    if let Some(path) = &stamps {
-                        command.arg("--start-stamps").arg(path);
-                    }
-                    let child = command
-                        .args(["--concurrency", &args.worker_concurrency.to_string()])
-                        .args(["--worker-id", &format!("{prefix}-{i}"), "--log", "warn"])
-                        .args(["--namespace", namespace])
-                        .stdin(std::process::Stdio::null())
-                        .stdout(std::process::Stdio::null())
-                        .kill_on_drop(true)
-                        .spawn()
-                        .with_context(|| format!("starting {}", bin.display()))?;
                     children.push(child);
                 }
             }
@@ -453,34 +492,25 @@ impl Rig {
         prefix: &str,
         within: Duration,
     ) -> anyhow::Result<()> {
-        let Workers::Processes(children) = &mut self.workers else {
-            anyhow::bail!("a fleet needs --workers-as processes");
-        };
-        let bin = match &args.worker_bin {
-            Some(p) => p.clone(),
-            None => std::env::current_exe().context("locating the taskmesh binary")?,
-        };
-        let mut command = tokio::process::Command::new(&bin);
-        command.args([
-            "worker",
-            "--server",
-            &format!("http://{}", self.node.grpc_addr),
-        ]);
-        if let Some(dir) = &self.stamps {
-            command
-                .arg("--start-stamps")
-                .arg(dir.path().join(format!("stamps-{prefix}")));
+        anyhow::ensure!(
+            matches!(self.workers, Workers::Processes(_)),
+            "a fleet needs --workers-as processes"
+        );
+        let stamps = self.stamps_file(prefix);
+        let child = spawn_worker(
+            &worker_bin(args)?,
+            WorkerCommand {
+                server: &format!("http://{}", self.node.grpc_addr),
+                worker_id: prefix,
+                namespace: "",
+                concurrency,
+                copies,
+                stamps: stamps.as_deref(),
+            },
+        )?;
+        if let Workers::Processes(children) = &mut self.workers {
+            children.push(child);
         }
-        let child = command
-            .args(["--handlers", "echo", "--log", "warn"])
-            .args(["--concurrency", &concurrency.to_string()])
-            .args(["--copies", &copies.to_string(), "--worker-id", prefix])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        children.push(child);
         self.wait_connected("", prefix, copies as usize, within)
             .await
     }
