@@ -32,7 +32,7 @@
 //! Run with `cargo test -p taskmesh-cli --test chaos -- --nocapture` to see
 //! the figures of each backend.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use taskmesh::v1 as pb;
@@ -42,6 +42,7 @@ use taskmesh_testkit::cluster::{Cluster, LEASE_TTL, Replica};
 use taskmesh_testkit::db::Arg;
 use taskmesh_testkit::metrics::{leads, metric};
 use taskmesh_testkit::process::{LedgerLine, read_ledger};
+use taskmesh_testkit::record::prove;
 use taskmesh_testkit::schedule::{create_schedule, every_second, pause_schedule};
 use taskmesh_testkit::{Child, now_ms, wait_for};
 use tokio::time::Instant;
@@ -210,164 +211,48 @@ async fn chaos(kind: DatabaseKind) {
     };
 
     // ---- the proof ----
-    let tasks = db.tasks().await.expect("read the tasks");
-    let state_of: HashMap<&str, &str> = tasks
-        .iter()
-        .map(|(id, s, _, _)| (id.as_str(), s.as_str()))
-        .collect();
-    let submitted: Vec<_> = tasks.iter().filter(|t| t.2.is_none()).collect();
     assert_eq!(accepted.len(), TASKS, "every task was accepted");
-    assert_eq!(
-        submitted.len(),
-        TASKS,
-        "the store holds each accepted task once (retried batches doubled nothing)"
-    );
-    let mut by_state: BTreeMap<&str, usize> = BTreeMap::new();
-    for id in &accepted {
-        let s = state_of
-            .get(id.as_str())
-            .unwrap_or_else(|| panic!("accepted task {id} is not in the store"));
-        *by_state.entry(s).or_default() += 1;
-    }
-    assert_eq!(
-        by_state.get("SUCCEEDED").copied().unwrap_or(0),
-        TASKS,
-        "every accepted task SUCCEEDED: {by_state:?}"
-    );
-
-    // Attempts and ledgers.
-    type AttemptRow = taskmesh_testkit::db::AttemptRow;
-    let attempts = db.attempts().await.expect("read the attempts");
-    let by_exec: HashMap<&str, &AttemptRow> = attempts.iter().map(|a| (a.2.as_str(), a)).collect();
-    let mut successes: HashMap<&str, Vec<&str>> = HashMap::new();
-    for a in &attempts {
-        if a.6.as_deref() == Some("SUCCEEDED") {
-            successes.entry(&a.0).or_default().push(&a.2);
-        }
-    }
-    let twice: Vec<_> = successes.iter().filter(|(_, e)| e.len() > 1).collect();
-    assert!(twice.is_empty(), "tasks SUCCEEDED twice: {twice:?}");
-    for (id, state, _, _) in &tasks {
-        if state == "SUCCEEDED" {
-            assert_eq!(
-                successes.get(id.as_str()).map(Vec::len),
-                Some(1),
-                "SUCCEEDED task {id} has one SUCCEEDED attempt"
-            );
-        }
-    }
-
     let ledger = read_ledgers(&cluster, started);
-    let mut seen_exec: HashSet<&str> = HashSet::new();
-    let mut per_task: HashMap<&str, Vec<&LedgerLine>> = HashMap::new();
-    for line in &ledger {
-        assert!(
-            seen_exec.insert(&line.execution_id),
-            "execution {} ran twice",
-            line.execution_id
-        );
-        let a = by_exec
-            .get(line.execution_id.as_str())
-            .unwrap_or_else(|| panic!("ledger execution {line:?} is no attempt in the store"));
-        assert_eq!(
-            (a.0.as_str(), a.1, a.3.as_str()),
-            (line.task_id.as_str(), line.attempt, line.worker_id.as_str()),
-            "the ledger and the store agree on execution {}",
-            line.execution_id
-        );
-        per_task.entry(&line.task_id).or_default().push(line);
-    }
-    for execs in successes.values() {
-        assert!(
-            seen_exec.contains(execs[0]),
-            "the successful execution {} is in a ledger",
-            execs[0]
-        );
-    }
     let killed_worker_at: HashMap<&str, i64> = worker_kills
         .iter()
         .map(|k| (k.who.as_str(), k.at))
         .collect();
-    let mut extra = 0usize;
-    let (mut by_worker_kill, mut by_replica_kill) = (0usize, 0usize);
-    let mut unexplained = Vec::new();
-    let mut why: BTreeMap<String, usize> = BTreeMap::new();
-    for (task, lines) in &per_task {
-        if lines.len() < 2 {
-            continue;
+    let proof = prove(&db, &accepted, &ledger, Some(&schedule), |l, a| {
+        let ended = a.5.unwrap_or(i64::MAX);
+        let lost = matches!(a.6.as_deref(), Some("WORKER_LOST" | "ACK_TIMEOUT"));
+        let worker_killed = killed_worker_at
+            .get(l.worker_id.as_str())
+            .is_some_and(|at| *at <= ended);
+        // Taken back from a stream on a dead replica: when the worker
+        // re-registered elsewhere, by the leader's orphan sweep, or by the
+        // ACK reaper.
+        let replica_killed = leader_kills.iter().any(|k| a.4 <= k.at && k.at <= ended)
+            && CROSS_REPLICA_RELEASES.contains(&a.7.as_str());
+        match (lost, worker_killed, replica_killed) {
+            (true, true, _) => Some("a killed worker".into()),
+            (true, false, true) => Some("a killed replica".into()),
+            _ => None,
         }
-        extra += lines.len() - 1;
-        let first = lines.iter().map(|l| l.attempt).min().unwrap();
-        for l in lines.iter().filter(|l| l.attempt != first) {
-            assert!(
-                l.attempt > 1,
-                "an extra execution of {task} is a retry: {l:?}"
-            );
-        }
-        for l in lines {
-            let a = by_exec[l.execution_id.as_str()];
-            if a.6.as_deref() == Some("SUCCEEDED") {
-                continue;
-            }
-            let ended = a.5.unwrap_or(i64::MAX);
-            let lost = matches!(a.6.as_deref(), Some("WORKER_LOST" | "ACK_TIMEOUT"));
-            let worker_killed = killed_worker_at
-                .get(l.worker_id.as_str())
-                .is_some_and(|at| *at <= ended);
-            // Taken back from a stream on a dead replica: when the worker
-            // re-registered elsewhere, by the leader's orphan sweep, or by
-            // the ACK reaper.
-            let replica_killed = leader_kills.iter().any(|k| a.4 <= k.at && k.at <= ended)
-                && CROSS_REPLICA_RELEASES.contains(&a.7.as_str());
-            match (lost, worker_killed, replica_killed) {
-                (true, true, _) => by_worker_kill += 1,
-                (true, false, true) => by_replica_kill += 1,
-                _ => unexplained.push(format!("{l:?} ended {:?}: {}", a.6, a.7)),
-            }
-            *why.entry(format!("{} ({})", a.6.as_deref().unwrap_or("open"), a.7))
-                .or_default() += 1;
-        }
-    }
-    assert!(
-        unexplained.is_empty(),
-        "{} executions are not explained by a kill: {:#?}",
-        unexplained.len(),
-        &unexplained[..unexplained.len().min(20)]
-    );
-
-    // Schedule fires: one task per fire time.
-    let (fire_rows, fire_times, fire_tasks) = db
-        .ints3(
-            "SELECT COUNT(*), COUNT(DISTINCT fire_at), COUNT(task_id) FROM schedule_fires WHERE schedule_id = $1",
-            &[Arg::Text(&schedule)],
-        )
-        .await
-        .expect("count the fires");
-    let fired: Vec<_> = tasks
-        .iter()
-        .filter(|t| t.2.as_deref() == Some(schedule.as_str()))
-        .collect();
-    let keys: HashSet<_> = fired.iter().map(|t| t.3.clone()).collect();
-    assert_eq!(fire_rows, fire_times, "one record per fire time");
-    assert_eq!(fired.len() as i64, fire_tasks, "one task per created fire");
-    assert_eq!(keys.len(), fired.len(), "no fire time has two tasks");
+    })
+    .await;
+    let explained = |k: &str| proof.explained.get(k).copied().unwrap_or(0);
 
     let limit = (LEASE_TTL + Duration::from_secs(2)).as_millis() as i64;
     println!("chaos figures ({kind:?}):");
     println!(
-        "  tasks accepted {}, SUCCEEDED {} (states {by_state:?}), schedule fires {fire_rows} -> {} tasks",
-        accepted.len(),
-        by_state.get("SUCCEEDED").copied().unwrap_or(0),
-        fired.len()
+        "  tasks accepted {}, SUCCEEDED {}, schedule fires {} -> {} tasks",
+        proof.accepted, proof.succeeded, proof.fires, proof.fire_tasks
     );
     println!(
-        "  handler executions {} for {} tasks: {extra} extra, on {} tasks; earlier executions explained by a killed worker {by_worker_kill}, by a killed replica {by_replica_kill}, unexplained 0",
-        ledger.len(),
-        per_task.len(),
-        per_task.values().filter(|l| l.len() > 1).count()
+        "  handler executions {}: {} extra, on {} tasks; earlier executions explained by a killed worker {}, by a killed replica {}, unexplained 0",
+        proof.executions,
+        proof.extra,
+        proof.tasks_run_again,
+        explained("a killed worker"),
+        explained("a killed replica")
     );
-    println!("  attempts {}, tasks SUCCEEDED twice 0", attempts.len());
-    for (reason, n) in &why {
+    println!("  attempts {}, tasks SUCCEEDED twice 0", proof.attempts);
+    for (reason, n) in &proof.why {
         println!("    earlier execution ended {reason}: {n}");
     }
     println!(

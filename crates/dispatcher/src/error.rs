@@ -84,6 +84,9 @@ impl From<Error> for tonic::Status {
                 "coordination unavailable; retry with backoff"
             }
             (_, ErrorCode::Unavailable) => "store unavailable; retry with backoff",
+            (Error::Store(taskmesh_store::Error::StorageFull(_)), _) => {
+                "the store is out of disk space; nothing was written; retry with backoff"
+            }
             // Our own words (what was not found, which key is taken, why
             // the input is refused): the caller needs them.
             _ => return tonic::Status::new(grpc_code(code), err.to_string()),

@@ -159,16 +159,17 @@ impl Submitter {
                             let _ = job.reply.send(Ok(mine));
                         }
                     }
-                    Err(Error::Unavailable(msg)) => {
+                    Err(err @ (Error::Unavailable(_) | Error::StorageFull(_))) => {
                         // The store cannot be reached (or the commit's fate
-                        // is unknown): every caller is told so and may retry
-                        // (with its client_request_id, safely). Writing each
-                        // request again here could double a batch that did
-                        // commit, and would hold the writer for one timeout
-                        // per request.
-                        warn!(error = %msg, requests = jobs.len(), "batched submit failed: store unavailable");
+                        // is unknown), or is out of space: every caller is
+                        // told so and may retry (with its client_request_id,
+                        // safely). Writing each request again here could
+                        // double a batch that did commit, and would hold the
+                        // writer for one timeout (or one failed write) per
+                        // request.
+                        warn!(error = %err, requests = jobs.len(), "batched submit failed");
                         for job in jobs.drain(..) {
-                            let _ = job.reply.send(Err(Error::Unavailable(msg.clone())));
+                            let _ = job.reply.send(Err(err.duplicate()));
                         }
                     }
                     Err(err) => {

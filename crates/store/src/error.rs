@@ -31,6 +31,11 @@ pub enum Error {
     /// The database cannot be reached or is shutting down.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The database is out of disk space (SQLite's `SQLITE_FULL`, Postgres's
+    /// `disk_full`, MySQL's disk or table full). Nothing was written; the
+    /// same write succeeds once space returns.
+    #[error("store out of disk space: {0}")]
+    StorageFull(String),
     /// Anything else: corrupt rows, bugs.
     #[error("store error: {0}")]
     Internal(String),
@@ -48,14 +53,19 @@ impl Error {
             Error::Conflict(m) => Error::Conflict(m.clone()),
             Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
             Error::Unavailable(m) => Error::Unavailable(m.clone()),
+            Error::StorageFull(m) => Error::StorageFull(m.clone()),
             Error::Internal(m) => Error::Internal(m.clone()),
         }
     }
 
     /// True when nothing was written and the same write may succeed later:
-    /// the store was unreachable or a concurrent transaction won.
+    /// the store was unreachable, out of space, or a concurrent transaction
+    /// won.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Unavailable(_) | Error::Conflict(_))
+        matches!(
+            self,
+            Error::Unavailable(_) | Error::StorageFull(_) | Error::Conflict(_)
+        )
     }
 
     /// The transport-independent code of this error.
@@ -67,6 +77,7 @@ impl Error {
             Error::Conflict(_) => ErrorCode::Aborted,
             Error::Fenced(_) => ErrorCode::FailedPrecondition,
             Error::Unavailable(_) => ErrorCode::Unavailable,
+            Error::StorageFull(_) => ErrorCode::ResourceExhausted,
             Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Error::Internal(_) => ErrorCode::Internal,
         }
@@ -77,6 +88,7 @@ impl Error {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Unavailable,
+    StorageFull,
     Conflict,
     AlreadyExists,
     InvalidArgument,
@@ -125,6 +137,7 @@ impl From<sqlx::Error> for Error {
     fn from(err: sqlx::Error) -> Self {
         match kind(&err) {
             Kind::Unavailable => Error::Unavailable(err.to_string()),
+            Kind::StorageFull => Error::StorageFull(err.to_string()),
             Kind::Conflict => {
                 let message = match &err {
                     sqlx::Error::Database(db) => {
@@ -187,6 +200,7 @@ mod tests {
             Error::InvalidArgument("e".into()),
             Error::Unavailable("f".into()),
             Error::Internal("g".into()),
+            Error::StorageFull("h".into()),
         ];
         for err in &all {
             let copy = err.duplicate();
@@ -194,6 +208,13 @@ mod tests {
             assert_eq!(copy.to_string(), err.to_string());
         }
         let transient: Vec<bool> = all.iter().map(Error::is_transient).collect();
-        assert_eq!(transient, [false, false, false, true, false, true, false]);
+        assert_eq!(
+            transient,
+            [false, false, false, true, false, true, false, true]
+        );
+        assert_eq!(
+            Error::StorageFull("h".into()).code(),
+            ErrorCode::ResourceExhausted
+        );
     }
 }

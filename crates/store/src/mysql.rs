@@ -125,7 +125,9 @@ pub(crate) fn error_kind(number: u16) -> Kind {
     match number {
         1062 | 1586 => Kind::AlreadyExists,
         1205 | 1213 => Kind::Conflict,
-        1040 | 1053 | 1021 | 1114 | 1290 | 1836 | 1927 | 2006 | 2013 => Kind::Unavailable,
+        // ER_DISK_FULL, ER_RECORD_FILE_FULL (the table is full).
+        1021 | 1114 => Kind::StorageFull,
+        1040 | 1053 | 1290 | 1836 | 1927 | 2006 | 2013 => Kind::Unavailable,
         _ => Kind::Internal,
     }
 }

@@ -69,6 +69,9 @@ const NOTIFY: &str = "SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p";
 /// `AlreadyExists`.
 pub(crate) fn error_kind(code: &str) -> Kind {
     match code {
+        // disk_full; the rest of class 53 (out of memory, too many
+        // connections) is the server's trouble, not lasting.
+        "53100" => Kind::StorageFull,
         c if c.starts_with("08") || c.starts_with("57P") || c.starts_with("53") => {
             Kind::Unavailable
         }

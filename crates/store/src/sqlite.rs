@@ -206,7 +206,9 @@ impl SqlStore<SqliteBackend> {
 /// (sqlx's) or the writer's error.
 pub(crate) fn error_kind(err: &dyn DatabaseError) -> Kind {
     match err.code().as_deref() {
-        Some("5" | "6" | "13" | "14" | "517" | "261" | "262") => Kind::Unavailable,
+        // SQLITE_FULL: the disk (or the file's size limit) is full.
+        Some("13") => Kind::StorageFull,
+        Some("5" | "6" | "14" | "517" | "261" | "262") => Kind::Unavailable,
         Some("2067" | "1555") => Kind::AlreadyExists,
         _ if err.is_unique_violation() => Kind::AlreadyExists,
         _ => Kind::Internal,

@@ -11,7 +11,8 @@ use std::time::Duration;
 use taskmesh_store::DatabaseKind;
 
 use crate::db::Db;
-use crate::process::{Child, WorkerProcess, free_port, spawn_server};
+use crate::netns::Place;
+use crate::process::{Child, WorkerProcess, free_port, spawn_server_at};
 use crate::services::{PrivateMariadb, PrivatePostgres, PrivateRedis};
 
 /// Lease TTL of the test clusters: short, so a takeover is quick.
@@ -67,12 +68,19 @@ pub struct Replica {
     pub grpc: u16,
     pub http: u16,
     pub child: Child,
+    /// Where it runs: loopback, or a namespace of a test net.
+    pub place: Place,
 }
 
 impl Replica {
-    /// `http://127.0.0.1:{grpc}`.
+    /// `http://{ip}:{grpc}` (`127.0.0.1` unless in a namespace).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.grpc)
+        format!("http://{}", self.place.addr(self.grpc))
+    }
+
+    /// Its HTTP address (`/metrics`, REST).
+    pub fn http_addr(&self) -> std::net::SocketAddr {
+        self.place.addr(self.http)
     }
 }
 
@@ -85,6 +93,18 @@ impl Cluster {
             bin: bin.to_path_buf(),
             database: PrivateDatabase::start(kind).await,
             redis: PrivateRedis::start(),
+            dir,
+        }
+    }
+
+    /// A private Postgres in `database` and a private Redis in `redis`
+    /// (namespaces of a test net); its processes will run `bin`.
+    pub fn start_at(bin: &Path, database: &Place, redis: &Place) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self {
+            bin: bin.to_path_buf(),
+            database: PrivateDatabase::Postgres(PrivatePostgres::start_at(database)),
+            redis: PrivateRedis::start_at(redis),
             dir,
         }
     }
@@ -116,11 +136,34 @@ impl Cluster {
     /// Starts a replica on `grpc`/`http` (fresh ports when `None`) with
     /// `envs`, and waits until it answers.
     pub async fn replica(&self, ports: Option<(u16, u16)>, envs: &[(&str, &str)]) -> Replica {
+        self.replica_at(&Place::local(), ports, envs).await
+    }
+
+    /// [`replica`](Self::replica) in `place` (a namespace of a test net).
+    pub async fn replica_at(
+        &self,
+        place: &Place,
+        ports: Option<(u16, u16)>,
+        envs: &[(&str, &str)],
+    ) -> Replica {
         let (grpc, http) = ports.unwrap_or_else(|| (free_port(), free_port()));
         let flags = self.serve_flags();
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let child = spawn_server(&self.bin, self.dir.path(), (grpc, http), &flags, envs).await;
-        Replica { grpc, http, child }
+        let child = spawn_server_at(
+            place,
+            &self.bin,
+            self.dir.path(),
+            (grpc, http),
+            &flags,
+            envs,
+        )
+        .await;
+        Replica {
+            grpc,
+            http,
+            child,
+            place: place.clone(),
+        }
     }
 
     /// `taskmesh worker` `id` on `servers` (tried in that order), its log

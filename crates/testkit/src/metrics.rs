@@ -25,7 +25,12 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
 /// The body of `/metrics` on the loopback HTTP port `http`; `None` when the
 /// node does not answer (or not with 200).
 pub async fn scrape(http: u16) -> Option<String> {
-    let (status, text) = http_get(([127, 0, 0, 1], http).into(), "/metrics").await?;
+    scrape_at(([127, 0, 0, 1], http).into()).await
+}
+
+/// The body of `/metrics` on the node's HTTP address `addr`.
+pub async fn scrape_at(addr: SocketAddr) -> Option<String> {
+    let (status, text) = http_get(addr, "/metrics").await?;
     (status == 200).then_some(text)
 }
 
@@ -75,12 +80,22 @@ pub fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 /// `Some(0.0)` when the family is absent, `None` when the node does not
 /// answer.
 pub async fn metric(http: u16, name: &str) -> Option<f64> {
-    Some(sum(&scrape(http).await?, name, &[]))
+    metric_at(([127, 0, 0, 1], http).into(), name).await
+}
+
+/// [`metric`] of the node whose HTTP address is `addr`.
+pub async fn metric_at(addr: SocketAddr, name: &str) -> Option<f64> {
+    Some(sum(&scrape_at(addr).await?, name, &[]))
 }
 
 /// Whether the node reports holding the lease (`taskmesh_leader 1`).
 pub async fn leads(http: u16) -> bool {
-    metric(http, "taskmesh_leader").await == Some(1.0)
+    leads_at(([127, 0, 0, 1], http).into()).await
+}
+
+/// [`leads`] of the node whose HTTP address is `addr`.
+pub async fn leads_at(addr: SocketAddr) -> bool {
+    metric_at(addr, "taskmesh_leader").await == Some(1.0)
 }
 
 /// Lease renewals that failed so far (the coordinator's call histogram);

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use taskmesh::v1 as pb;
 use taskmesh::v1::task_api_client::TaskApiClient;
 
+use crate::netns::Place;
+
 /// A free loopback port (bound then released; the tiny race is acceptable in tests).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -141,11 +143,28 @@ pub fn log_tail(path: &Path) -> String {
 
 /// Starts `bin serve` on loopback ports `grpc`/`http` with its data in
 /// `data_dir`, the `extra` flags and `envs`, and waits until its gRPC port
-/// answers. Its log (stderr) is appended to `serve-{grpc}.log` in
-/// `data_dir`, so a server restarted on the same port keeps its
-/// predecessor's log. A server that exits while starting, or does not
-/// answer within 30 s, fails the test with the tail of that log.
+/// answers; see [`spawn_server_at`].
 pub async fn spawn_server(
+    bin: &Path,
+    data_dir: &Path,
+    ports: (u16, u16),
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Child {
+    spawn_server_at(&Place::local(), bin, data_dir, ports, extra, envs).await
+}
+
+/// Starts `bin serve` in `place` (a namespace of a test net, or loopback),
+/// listening on its address at ports `grpc`/`http`, with its data in
+/// `data_dir`, the `extra` flags and `envs`, and waits until its gRPC port
+/// answers. Beyond loopback it serves without authentication
+/// (`--insecure`: the test's own namespaces). Its log (stderr) is appended
+/// to `serve-{grpc}.log` in `data_dir`, so a server restarted on the same
+/// port keeps its predecessor's log. A server that exits while starting,
+/// or does not answer within 30 s, fails the test with the tail of that
+/// log.
+pub async fn spawn_server_at(
+    place: &Place,
     bin: &Path,
     data_dir: &Path,
     (grpc, http): (u16, u16),
@@ -158,26 +177,28 @@ pub async fn spawn_server(
         .append(true)
         .open(&log_path)
         .unwrap();
-    let mut child = Child::spawn(
-        Command::new(bin)
-            .envs(envs.iter().copied())
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .arg("--grpc-addr")
-            .arg(format!("127.0.0.1:{grpc}"))
-            .arg("--http-addr")
-            .arg(format!("127.0.0.1:{http}"))
-            // Receivers and push workers of tests listen on loopback.
-            .args(["--egress-allow", "127.0.0.0/8,::1"])
-            .args(extra)
-            .env_remove("TASKMESH_SERVER")
-            .stdout(Stdio::null())
-            .stderr(log),
-        &format!("taskmesh serve on :{grpc}"),
-        Some(log_path.clone()),
-    );
-    let addr: SocketAddr = ([127, 0, 0, 1], grpc).into();
+    let mut command = place.command(bin);
+    command
+        .envs(envs.iter().copied())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--grpc-addr")
+        .arg(place.addr(grpc).to_string())
+        .arg("--http-addr")
+        .arg(place.addr(http).to_string())
+        // Receivers and push workers of tests listen on loopback.
+        .args(["--egress-allow", "127.0.0.0/8,::1"])
+        .args(extra)
+        .env_remove("TASKMESH_SERVER")
+        .stdout(Stdio::null())
+        .stderr(log);
+    if !place.is_loopback() {
+        command.arg("--insecure");
+    }
+    let what = format!("taskmesh serve on {}", place.addr(grpc));
+    let mut child = Child::spawn(&mut command, &what, Some(log_path.clone()));
+    let addr = place.addr(grpc);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         child.assert_alive();
@@ -186,7 +207,7 @@ pub async fn spawn_server(
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "taskmesh serve on :{grpc} did not answer within 30 s; its log {}:\n{}",
+            "{what} did not answer within 30 s; its log {}:\n{}",
             log_path.display(),
             log_tail(&log_path)
         );
@@ -224,6 +245,7 @@ pub struct WorkerProcess {
     concurrency: u32,
     ledger: Option<PathBuf>,
     push_listen: Option<String>,
+    place: Place,
 }
 
 impl WorkerProcess {
@@ -239,6 +261,7 @@ impl WorkerProcess {
             concurrency: 4,
             ledger: None,
             push_listen: None,
+            place: Place::local(),
         }
     }
 
@@ -266,13 +289,19 @@ impl WorkerProcess {
         self
     }
 
+    /// Runs it in `place` (a namespace of a test net).
+    pub fn at(mut self, place: &Place) -> Self {
+        self.place = place.clone();
+        self
+    }
+
     /// Starts it. With a ledger, waits until the worker has opened it (so a
     /// missing ledger later means something went wrong, never "it had not
     /// started yet").
     pub async fn spawn(self) -> Child {
         let log_path = self.log_dir.join(format!("worker-{}.log", self.id));
         let log = std::fs::File::create(&log_path).unwrap();
-        let mut command = Command::new(&self.bin);
+        let mut command = self.place.command(&self.bin);
         command
             .arg("worker")
             .arg("--server")

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::is_root;
+use crate::netns::Place;
 use crate::process::free_port;
 
 /// Where `initdb` and `pg_ctl` live: `TASKMESH_TEST_PG_BIN` or Debian's
@@ -25,13 +26,13 @@ pub fn pg_bin() -> PathBuf {
 
 /// Runs a Postgres tool: as the unprivileged `postgres` user when we are
 /// root (initdb and pg_ctl refuse root), directly otherwise.
-fn pg_command(tool: &Path) -> Command {
+fn pg_command(place: &Place, tool: &Path) -> Command {
     if is_root() {
-        let mut c = Command::new("runuser");
+        let mut c = place.command("runuser");
         c.args(["-u", "postgres", "--"]).arg(tool);
         c
     } else {
-        Command::new(tool)
+        place.command(tool)
     }
 }
 
@@ -63,12 +64,19 @@ pub struct PrivatePostgres {
     run: PathBuf,
     bin: PathBuf,
     log: PathBuf,
+    place: Place,
     _dir: tempfile::TempDir,
 }
 
 impl PrivatePostgres {
     /// Creates and starts the server; waits until it accepts connections.
     pub fn start() -> Self {
+        Self::start_at(&Place::local())
+    }
+
+    /// Creates and starts the server in `place` (a namespace of a test
+    /// net), listening on its address; waits until it accepts connections.
+    pub fn start_at(place: &Place) -> Self {
         let bin = pg_bin();
         let dir = tempfile::tempdir().expect("a temporary directory");
         let data = dir.path().join("data");
@@ -84,7 +92,7 @@ impl PrivatePostgres {
             }
         }
         let log = run.join("postgres.log");
-        let out = pg_command(&bin.join("initdb"))
+        let out = pg_command(&Place::local(), &bin.join("initdb"))
             .arg("-D")
             .arg(&data)
             .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
@@ -97,12 +105,23 @@ impl PrivatePostgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if !place.is_loopback() {
+            // initdb trusts loopback only; the test net's hosts connect
+            // from their own addresses.
+            use std::io::Write;
+            let mut hba = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("pg_hba.conf"))
+                .expect("open pg_hba.conf");
+            writeln!(hba, "host all all 10.0.0.0/8 trust").unwrap();
+        }
         let this = Self {
             port: free_port(),
             data,
             run,
             bin,
             log,
+            place: place.clone(),
             _dir: dir,
         };
         this.start_again();
@@ -113,12 +132,13 @@ impl PrivatePostgres {
     /// directory; waits until it accepts connections.
     pub fn start_again(&self) {
         let settings = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
+            "-p {} -k {} -c listen_addresses={} -c fsync=off \
              -c full_page_writes=off -c max_connections=200",
             self.port,
-            self.run.display()
+            self.run.display(),
+            self.place.ip
         );
-        let out = pg_command(&self.bin.join("pg_ctl"))
+        let out = pg_command(&self.place, &self.bin.join("pg_ctl"))
             .arg("-D")
             .arg(&self.data)
             .arg("-l")
@@ -139,7 +159,7 @@ impl PrivatePostgres {
     /// connection is cut, no checkpoint), as an outage would; waits until it
     /// is gone.
     pub fn stop(&self) {
-        let out = pg_command(&self.bin.join("pg_ctl"))
+        let out = pg_command(&self.place, &self.bin.join("pg_ctl"))
             .arg("-D")
             .arg(&self.data)
             .args(["-m", "immediate", "-w", "-t", "30", "stop"])
@@ -153,9 +173,13 @@ impl PrivatePostgres {
         );
     }
 
-    /// `postgres://postgres@127.0.0.1:{port}/postgres`.
+    /// `postgres://postgres@{ip}:{port}/postgres` (`127.0.0.1` unless
+    /// started in a namespace).
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        format!(
+            "postgres://postgres@{}/postgres",
+            self.place.addr(self.port)
+        )
     }
 }
 
@@ -163,7 +187,7 @@ impl Drop for PrivatePostgres {
     fn drop(&mut self) {
         // Immediate: nothing in it is worth a checkpoint. Best effort: a
         // failing test must not fail again here.
-        let _ = pg_command(&self.bin.join("pg_ctl"))
+        let _ = pg_command(&self.place, &self.bin.join("pg_ctl"))
             .arg("-D")
             .arg(&self.data)
             .args(["-m", "immediate", "-w", "-t", "30", "stop"])

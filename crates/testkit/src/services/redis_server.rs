@@ -1,11 +1,12 @@
 //! Redis: a private `redis-server` child, or the machine's shared server
 //! under a key prefix of the test's own.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use taskmesh_coord::{RedisCoordinator, RedisOptions};
 
+use crate::netns::Place;
 use crate::process::{Child, free_port};
 
 /// A `redis-server` child on a free loopback port, without persistence;
@@ -14,16 +15,24 @@ use crate::process::{Child, free_port};
 /// persistence would be.
 pub struct PrivateRedis {
     pub port: u16,
+    place: Place,
     child: Option<Child>,
 }
 
 impl PrivateRedis {
     /// Starts a server and waits until it answers PING.
     pub fn start() -> Self {
+        Self::start_at(&Place::local())
+    }
+
+    /// Starts a server in `place` (a namespace of a test net), listening on
+    /// its address, and waits until it answers PING.
+    pub fn start_at(place: &Place) -> Self {
         let port = free_port();
         Self {
             port,
-            child: Some(Self::spawn(port)),
+            child: Some(Self::spawn(place, port)),
+            place: place.clone(),
         }
     }
 
@@ -38,7 +47,7 @@ impl PrivateRedis {
     /// one, if any) and waits until it answers PING.
     pub fn restart(&mut self) {
         self.kill();
-        self.child = Some(Self::spawn(self.port));
+        self.child = Some(Self::spawn(&self.place, self.port));
     }
 
     /// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`, …) to the server.
@@ -46,18 +55,20 @@ impl PrivateRedis {
         self.child.as_ref().expect("server running").signal(signal);
     }
 
-    fn spawn(port: u16) -> Child {
+    fn spawn(place: &Place, port: u16) -> Child {
         let child = Child::spawn(
-            Command::new("redis-server")
+            place
+                .command("redis-server")
                 .args(["--port", &port.to_string()])
-                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--bind", &place.ip.to_string()])
+                .args(["--protected-mode", "no", "--save", "", "--appendonly", "no"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null()),
             &format!("private redis-server on :{port} (apt-get install redis-server)"),
             None,
         );
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !answers(port) {
+        while !answers(&format!("redis://{}", place.addr(port))) {
             assert!(
                 Instant::now() < deadline,
                 "private redis-server on port {port} did not answer within 10 s"
@@ -68,9 +79,9 @@ impl PrivateRedis {
         child
     }
 
-    /// `redis://127.0.0.1:{port}`.
+    /// `redis://{ip}:{port}` (`127.0.0.1` unless started in a namespace).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://{}", self.place.addr(self.port))
     }
 
     /// The process id.
@@ -89,9 +100,9 @@ impl PrivateRedis {
     }
 }
 
-/// Whether a Redis server on `port` answers PING.
-fn answers(port: u16) -> bool {
-    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) else {
+/// Whether the Redis server at `url` answers PING.
+fn answers(url: &str) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
         return false;
     };
     let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200)) else {
