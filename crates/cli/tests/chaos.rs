@@ -36,17 +36,17 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use taskmesh::v1 as pb;
-use taskmesh::v1::task_api_client::TaskApiClient;
 use taskmesh_store::DatabaseKind;
-use taskmesh_testkit::cluster::{Cluster, LEASE_TTL, Replica};
+use taskmesh_testkit::cluster::{
+    Cluster, LEASE_TTL, Load, Replica, lazy_client, leader_index, retry_policy, submit_load,
+};
 use taskmesh_testkit::db::Arg;
-use taskmesh_testkit::metrics::{leads, metric};
+use taskmesh_testkit::metrics::metric;
 use taskmesh_testkit::process::{LedgerLine, read_ledger};
 use taskmesh_testkit::record::prove;
 use taskmesh_testkit::schedule::{create_schedule, every_second, pause_schedule};
 use taskmesh_testkit::{Child, now_ms, wait_for};
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 const TASKS: usize = 10_000;
 const BATCH: usize = 100;
@@ -100,7 +100,7 @@ async fn chaos(kind: DatabaseKind) {
     let db = cluster.db().await;
     leader_index(&replicas).await;
 
-    let mut api0 = client(&urls[0]);
+    let mut api0 = lazy_client(&urls[0]);
     let schedule = create_schedule(
         &mut api0,
         pb::Schedule {
@@ -122,7 +122,16 @@ async fn chaos(kind: DatabaseKind) {
         workers.push(start_worker(&cluster, &urls, slot, started).await);
     }
 
-    let submitter = tokio::spawn(submit_all(urls.clone()));
+    let submitter = tokio::spawn(submit_load(
+        urls.clone(),
+        Load {
+            batches: TASKS / BATCH,
+            batch: BATCH,
+            every: SUBMIT_EVERY,
+            task_ms: TASK_MS,
+            prefix: "chaos".into(),
+        },
+    ));
     let begin = Instant::now();
     let mut next_worker_kill = begin + Duration::from_secs(2);
     let mut next_leader_kill = begin + FIRST_LEADER_KILL;
@@ -184,7 +193,7 @@ async fn chaos(kind: DatabaseKind) {
     }
     let chaos_secs = begin.elapsed().as_secs_f64();
     let accepted = submitter.await.expect("the submitter");
-    api0 = client(&urls[0]);
+    api0 = lazy_client(&urls[0]);
     pause_schedule(&mut api0, &schedule).await;
 
     wait_for(
@@ -284,32 +293,6 @@ async fn chaos(kind: DatabaseKind) {
     );
 }
 
-fn retry_policy() -> pb::RetryPolicy {
-    pb::RetryPolicy {
-        max_attempts: 25,
-        initial_backoff: Some(prost_types::Duration {
-            seconds: 0,
-            nanos: 100_000_000,
-        }),
-        multiplier: 2.0,
-        max_backoff: Some(prost_types::Duration {
-            seconds: 1,
-            nanos: 0,
-        }),
-    }
-}
-
-/// A lazily connecting client: a dead replica fails its calls quickly and
-/// its replacement on the same port is reached again.
-fn client(url: &str) -> TaskApiClient<Channel> {
-    let ch = tonic::transport::Endpoint::from_shared(url.to_string())
-        .unwrap()
-        .connect_timeout(Duration::from_secs(1))
-        .timeout(Duration::from_secs(10))
-        .connect_lazy();
-    TaskApiClient::new(ch)
-}
-
 /// Worker `w{n}` in `slot`, trying the replicas starting from `slot`'s.
 async fn start_worker(
     cluster: &Cluster,
@@ -327,74 +310,6 @@ async fn start_worker(
         .spawn()
         .await;
     (id, child)
-}
-
-/// Submits `TASKS` sleep tasks in batches, one replica after the other; a
-/// batch that fails (its replica died) is sent again, with the same client
-/// request ids, to the next one. Returns the accepted task ids.
-async fn submit_all(urls: Vec<String>) -> Vec<String> {
-    let clients: Vec<_> = urls.iter().map(|u| client(u)).collect();
-    let mut accepted = Vec::with_capacity(TASKS);
-    let mut pace = tokio::time::interval(SUBMIT_EVERY);
-    let payload = format!(r#"{{"ms":{TASK_MS}}}"#).into_bytes();
-    for b in 0..TASKS / BATCH {
-        pace.tick().await;
-        let batch: Vec<_> = (0..BATCH)
-            .map(|j| pb::SubmitTaskRequest {
-                handler: "sleep".into(),
-                payload: Some(pb::Payload {
-                    data: payload.clone(),
-                    content_type: "application/json".into(),
-                }),
-                client_request_id: format!("chaos-{b}-{j}"),
-                retry_policy: Some(retry_policy()),
-                ..Default::default()
-            })
-            .collect();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut target = b;
-        let results = loop {
-            let mut c = clients[target % clients.len()].clone();
-            match c
-                .submit_tasks(pb::SubmitTasksRequest {
-                    tasks: batch.clone(),
-                })
-                .await
-            {
-                Ok(r) => break r.into_inner().results,
-                Err(status) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "batch {b} refused for 60 s, last: {status}"
-                    );
-                    target += 1;
-                    // Retry pacing of a condition with a deadline.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
-        for (j, r) in results.into_iter().enumerate() {
-            let a = r.accepted.unwrap_or_else(|| {
-                panic!("task {b}-{j} refused: {} {}", r.error_code, r.error_message)
-            });
-            accepted.push(a.task_id);
-        }
-    }
-    accepted
-}
-
-/// The replica holding the lease (exactly one reports it).
-async fn leader_index(replicas: &[Replica]) -> usize {
-    wait_for("exactly one leader", Duration::from_secs(20), || async {
-        let mut leading = Vec::new();
-        for (i, r) in replicas.iter().enumerate() {
-            if leads(r.http).await {
-                leading.push(i);
-            }
-        }
-        (leading.len() == 1).then(|| leading[0])
-    })
-    .await
 }
 
 /// Every line of the ledgers of workers `w1..=w{started}` (each must exist:

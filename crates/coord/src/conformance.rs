@@ -59,6 +59,7 @@ macro_rules! coordinator_conformance_suite {
             idempotency_keys_expire,
             bad_input_is_refused_and_changes_nothing,
             ping_answers,
+            store_reachability_is_shared_and_lapses,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -397,4 +398,39 @@ pub async fn ping_answers(f: &dyn CoordinatorFixture) {
     let a = f.open("node-a", LONG).await;
     a.ping().await.expect("ping");
     assert_eq!(a.node_id(), "node-a");
+}
+
+/// A node's word that it reaches its store is seen by the others (not by
+/// itself) until its ttl lapses; a bad ttl is refused.
+pub async fn store_reachability_is_shared_and_lapses(f: &dyn CoordinatorFixture) {
+    let a = f.open("a", LONG).await;
+    let b = f.open("b", LONG).await;
+    assert!(a.peers_reaching_store().await.unwrap().is_empty());
+    a.mark_store_reachable(SHORT).await.expect("mark");
+    b.mark_store_reachable(LONG).await.expect("mark");
+    assert_eq!(
+        b.peers_reaching_store().await.unwrap(),
+        vec!["a".to_string()]
+    );
+    assert_eq!(
+        a.peers_reaching_store().await.unwrap(),
+        vec!["b".to_string()]
+    );
+    wait_for("a's mark to lapse", DEADLINE, || async {
+        b.peers_reaching_store()
+            .await
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let err = a
+        .mark_store_reachable(Duration::ZERO)
+        .await
+        .expect_err("a zero ttl");
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert_eq!(
+        a.peers_reaching_store().await.unwrap(),
+        vec!["b".to_string()]
+    );
 }

@@ -161,8 +161,29 @@ pub trait Coordinator: Send + Sync + 'static {
         ttl_ms: i64,
     ) -> Result<Option<String>>;
 
+    /// Says, for `ttl`, that this node reaches its store. The health watch
+    /// says it again after every probe that finds the store well, so a node
+    /// that loses its store can tell whether another node could take its
+    /// workers ([`peers_reaching_store`](Self::peers_reaching_store)). A
+    /// `ttl` below 1 ms is [`Error::InvalidArgument`].
+    async fn mark_store_reachable(&self, ttl: Duration) -> Result<()>;
+
+    /// The other nodes whose word that they reach the store has not lapsed,
+    /// in node-id order.
+    async fn peers_reaching_store(&self) -> Result<Vec<String>>;
+
     /// Checks the coordination service answers.
     async fn ping(&self) -> Result<()>;
+}
+
+/// Refuses a reachability mark that cannot be stored.
+pub(crate) fn check_mark_ttl(ttl: Duration) -> Result<()> {
+    if ttl < Duration::from_millis(1) {
+        return Err(Error::InvalidArgument(
+            "a store reachability mark needs a ttl of at least 1 ms".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a registry entry that cannot be stored.

@@ -34,6 +34,8 @@ struct State {
     /// The holder's node id and its lease.
     held: Option<(String, Lease)>,
     workers: BTreeMap<String, WorkerEntry>,
+    /// Nodes that said they reach the store, and until when.
+    store_ok: BTreeMap<String, UnixMillis>,
     keys: BTreeMap<String, (String, UnixMillis)>,
 }
 
@@ -161,6 +163,24 @@ impl Coordinator for LocalCoordinator {
             (value.to_string(), now.saturating_add(ttl_ms)),
         );
         Ok(None)
+    }
+
+    async fn mark_store_reachable(&self, ttl: Duration) -> Result<()> {
+        crate::check_mark_ttl(ttl)?;
+        let until = self.clock.now_millis() + ttl.as_millis() as i64;
+        self.lock().store_ok.insert(self.node_id.clone(), until);
+        Ok(())
+    }
+
+    async fn peers_reaching_store(&self) -> Result<Vec<String>> {
+        let now = self.clock.now_millis();
+        Ok(self
+            .lock()
+            .store_ok
+            .iter()
+            .filter(|(node, until)| **until > now && **node != self.node_id)
+            .map(|(node, _)| node.clone())
+            .collect())
     }
 
     async fn ping(&self) -> Result<()> {

@@ -84,6 +84,16 @@ impl<C: Coordinator> Coordinator for Metered<C> {
         .await
     }
 
+    async fn mark_store_reachable(&self, ttl: Duration) -> Result<()> {
+        self.timed("mark_store_reachable", self.inner.mark_store_reachable(ttl))
+            .await
+    }
+
+    async fn peers_reaching_store(&self) -> Result<Vec<String>> {
+        self.timed("peers_reaching_store", self.inner.peers_reaching_store())
+            .await
+    }
+
     async fn ping(&self) -> Result<()> {
         self.timed("ping", self.inner.ping()).await
     }

@@ -66,6 +66,9 @@ pub struct Shared {
     /// Handlers known to have nothing READY (shared by the engine's claims
     /// and the submitter's dispatch at submit).
     pub(crate) drained: Arc<std::sync::Mutex<Drained>>,
+    /// Set while this node cannot reach its store and has handed its
+    /// worker streams to nodes that can (`health.rs`): `Connect` refuses.
+    pub(crate) shedding: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Shared {

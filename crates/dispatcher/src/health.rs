@@ -8,18 +8,29 @@
 //! whole server ("") and for every service on the port at once. A node whose
 //! store is gone cannot accept or move a task, so no service of it is healthy
 //! on its own.
+//!
+//! The same probes hand workers over when only this node lost its store
+//! (a partition between it and the database): every probe that finds the
+//! store well says so through the coordinator for three intervals
+//! (`Coordinator::mark_store_reachable`); a node whose store has failed two
+//! probes in a row, while another node's word is fresh, ends every worker
+//! stream with UNAVAILABLE ([`SHED_MESSAGE`]) and refuses `Connect` until
+//! its store answers again, so its workers fail over to the nodes that can
+//! record their work. Alone (one node, or every node cut off from the
+//! store) it keeps its streams: results wait for the store there rather
+//! than being run again elsewhere.
 
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use taskmesh::v1::{dispatcher_server::DispatcherServer, task_api_server::TaskApiServer};
-use taskmesh_coord::Coordinator;
-use taskmesh_store::Store;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
+
+use crate::engine::Shared;
 
 /// The names a health check may ask about: the whole server and each
 /// service served on the port.
@@ -54,29 +65,30 @@ pub(crate) fn reflection() -> Result<
     Ok((builder().build_v1()?, builder().build_v1alpha()?))
 }
 
-/// Keeps the health statuses in line with the store and the coordinator.
+/// Why a node that cannot reach its store ends its worker streams and
+/// refuses new ones.
+pub const SHED_MESSAGE: &str = "this server cannot reach its store; connect to another server";
+
+/// Keeps the health statuses in line with the store and the coordinator,
+/// and sheds the worker streams while only this node has lost its store.
 pub(crate) struct HealthWatch {
     reporter: HealthReporter,
-    store: Arc<dyn Store>,
-    coord: Arc<dyn Coordinator>,
+    shared: Shared,
     interval: Duration,
     /// Whether the last probe found everything healthy (`None` before the first).
     last: Option<bool>,
+    /// Store probes failed in a row.
+    store_failures: u32,
 }
 
 impl HealthWatch {
-    pub(crate) fn new(
-        reporter: HealthReporter,
-        store: Arc<dyn Store>,
-        coord: Arc<dyn Coordinator>,
-        interval: Duration,
-    ) -> Self {
+    pub(crate) fn new(reporter: HealthReporter, shared: Shared, interval: Duration) -> Self {
         Self {
             reporter,
-            store,
-            coord,
+            shared,
             interval,
             last: None,
+            store_failures: 0,
         }
     }
 
@@ -85,8 +97,9 @@ impl HealthWatch {
         // A ping that hangs is as bad as one that fails: bound it by the
         // polling interval so a stuck store reads NOT_SERVING, not stale SERVING.
         let limit = self.interval.max(Duration::from_millis(100));
-        let store = tokio::time::timeout(limit, self.store.ping()).await;
-        let coord = tokio::time::timeout(limit, self.coord.ping()).await;
+        let store = tokio::time::timeout(limit, self.shared.store.ping()).await;
+        let coord = tokio::time::timeout(limit, self.shared.coord.ping()).await;
+        self.follow_store(matches!(store, Ok(Ok(())))).await;
         let problem = match (store, coord) {
             (Ok(Ok(())), Ok(Ok(()))) => None,
             (Err(_), _) => Some(format!("store ping took over {} ms", limit.as_millis())),
@@ -126,6 +139,49 @@ impl HealthWatch {
             }
         }
         self.set_all(ServingStatus::NotServing).await;
+    }
+
+    /// After a store probe: says the store is reachable, or sheds the
+    /// worker streams when it has failed twice in a row and another node
+    /// reaches it; takes workers again once it answers.
+    async fn follow_store(&mut self, store_ok: bool) {
+        let coord = &self.shared.coord;
+        let shedding = &self.shared.shedding;
+        if store_ok {
+            self.store_failures = 0;
+            // Best effort: a coordinator outage shows in health already.
+            let _ = coord.mark_store_reachable(self.interval * 3).await;
+            if shedding.swap(false, Ordering::Relaxed) {
+                info!("store reachable again: taking worker streams");
+            }
+            return;
+        }
+        self.store_failures += 1;
+        if self.store_failures < 2 || shedding.load(Ordering::Relaxed) {
+            return;
+        }
+        let peers = match coord.peers_reaching_store().await {
+            Ok(peers) if !peers.is_empty() => peers,
+            // Alone, or coordination is down too: keep the streams.
+            _ => return,
+        };
+        shedding.store(true, Ordering::Relaxed);
+        let senders = self.shared.registry.senders();
+        warn!(
+            streams = senders.len(),
+            ?peers,
+            "store unreachable from this node but not from others: ending worker streams so they fail over"
+        );
+        for tx in senders {
+            tokio::spawn(async move {
+                let _ = tx
+                    .send_timeout(
+                        Err(tonic::Status::unavailable(SHED_MESSAGE)),
+                        Duration::from_secs(1),
+                    )
+                    .await;
+            });
+        }
     }
 
     async fn set_all(&self, status: ServingStatus) {

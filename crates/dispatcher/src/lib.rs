@@ -163,6 +163,7 @@ impl Dispatcher {
             shared: Shared {
                 auth: authenticator,
                 cluster_key: Arc::default(),
+                shedding: Arc::default(),
                 quotas: Arc::new(quota::Quotas::new(opts.quotas.clone())),
                 opts,
                 coord,
@@ -290,12 +291,7 @@ impl Dispatcher {
         // The first probe runs before the port opens, so the very first
         // health check already tells the truth (and names every service).
         let (reporter, health_service) = tonic_health::server::health_reporter();
-        let mut health = health::HealthWatch::new(
-            reporter,
-            shared.store.clone(),
-            shared.coord.clone(),
-            opts.health_interval,
-        );
+        let mut health = health::HealthWatch::new(reporter, shared.clone(), opts.health_interval);
         health.probe().await;
         let health_task = tokio::spawn(health.run(shutdown.clone()));
         let engine = tokio::spawn(engine::run(

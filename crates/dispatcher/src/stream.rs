@@ -48,6 +48,13 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<Streaming<pb::ConnectRequest>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
+        if self
+            .shared
+            .shedding
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(Status::unavailable(crate::health::SHED_MESSAGE));
+        }
         let who = crate::auth::identity(&request);
         let mut inbound = request.into_inner();
         // The register message is the request's "body": while it has not

@@ -3,17 +3,24 @@
 //! ([`crate::services`]), `taskmesh serve` replicas and `taskmesh worker`
 //! processes of the binary the test names, each killed when its handle
 //! drops; plus the readings the tests make from outside (the lease key in
-//! Redis, the database through [`Db`]).
+//! Redis, the database through [`Db`]); the steady load the chaos and
+//! fault tests submit ([`submit_load`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use taskmesh::v1 as pb;
+use taskmesh::v1::task_api_client::TaskApiClient;
 use taskmesh_store::DatabaseKind;
+use tokio::time::Instant;
+use tonic::transport::Channel;
 
 use crate::db::Db;
+use crate::metrics::leads_at;
 use crate::netns::Place;
 use crate::process::{Child, WorkerProcess, free_port, spawn_server_at};
 use crate::services::{PrivateMariadb, PrivatePostgres, PrivateRedis};
+use crate::wait_for;
 
 /// Lease TTL of the test clusters: short, so a takeover is quick.
 pub const LEASE_TTL: Duration = Duration::from_secs(3);
@@ -187,4 +194,112 @@ impl Cluster {
         let v = self.redis.get(&format!("{PREFIX}leader"))?;
         v.split_once(':')?.0.parse().ok()
     }
+}
+
+/// The retry policy of the load's tasks and schedules: up to 25 attempts,
+/// backing off 100 ms to 1 s, so a fault costs retries, never a task.
+pub fn retry_policy() -> pb::RetryPolicy {
+    pb::RetryPolicy {
+        max_attempts: 25,
+        initial_backoff: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 100_000_000,
+        }),
+        multiplier: 2.0,
+        max_backoff: Some(prost_types::Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
+    }
+}
+
+/// A lazily connecting client: a dead or cut-off replica fails its calls
+/// quickly (1 s to connect, 10 s per call) and is reached again when back.
+pub fn lazy_client(url: &str) -> TaskApiClient<Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(url.to_string())
+        .unwrap()
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(10))
+        .connect_lazy();
+    TaskApiClient::new(ch)
+}
+
+/// A steady load: `batches` batches of `batch` `sleep` tasks of `task_ms`
+/// each, one batch every `every`, with client request ids `{prefix}-{b}-{j}`.
+#[derive(Debug, Clone)]
+pub struct Load {
+    pub batches: usize,
+    pub batch: usize,
+    pub every: Duration,
+    pub task_ms: u64,
+    pub prefix: String,
+}
+
+/// Submits `load`, one replica after the other; a batch that fails (its
+/// replica died or is cut off) is sent again, with the same client request
+/// ids, to the next one; a batch refused everywhere for 60 s fails the
+/// test. Returns the accepted task ids.
+pub async fn submit_load(urls: Vec<String>, load: Load) -> Vec<String> {
+    let clients: Vec<_> = urls.iter().map(|u| lazy_client(u)).collect();
+    let mut accepted = Vec::with_capacity(load.batches * load.batch);
+    let mut pace = tokio::time::interval(load.every);
+    let payload = format!(r#"{{"ms":{}}}"#, load.task_ms).into_bytes();
+    for b in 0..load.batches {
+        pace.tick().await;
+        let batch: Vec<_> = (0..load.batch)
+            .map(|j| pb::SubmitTaskRequest {
+                handler: "sleep".into(),
+                payload: Some(pb::Payload {
+                    data: payload.clone(),
+                    content_type: "application/json".into(),
+                }),
+                client_request_id: format!("{}-{b}-{j}", load.prefix),
+                retry_policy: Some(retry_policy()),
+                ..Default::default()
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut target = b;
+        let results = loop {
+            let mut c = clients[target % clients.len()].clone();
+            match c
+                .submit_tasks(pb::SubmitTasksRequest {
+                    tasks: batch.clone(),
+                })
+                .await
+            {
+                Ok(r) => break r.into_inner().results,
+                Err(status) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "batch {b} refused for 60 s, last: {status}"
+                    );
+                    target += 1;
+                    // Retry pacing of a condition with a deadline.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        for (j, r) in results.into_iter().enumerate() {
+            let a = r.accepted.unwrap_or_else(|| {
+                panic!("task {b}-{j} refused: {} {}", r.error_code, r.error_message)
+            });
+            accepted.push(a.task_id);
+        }
+    }
+    accepted
+}
+
+/// The replica holding the lease (exactly one reports it), within 20 s.
+pub async fn leader_index(replicas: &[Replica]) -> usize {
+    wait_for("exactly one leader", Duration::from_secs(20), || async {
+        let mut leading = Vec::new();
+        for (i, r) in replicas.iter().enumerate() {
+            if leads_at(r.http_addr()).await {
+                leading.push(i);
+            }
+        }
+        (leading.len() == 1).then(|| leading[0])
+    })
+    .await
 }

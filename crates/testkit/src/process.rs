@@ -65,6 +65,11 @@ impl Child {
         self.log.as_deref()
     }
 
+    /// Whether the test killed it ([`kill`](Self::kill)).
+    pub fn is_killed(&self) -> bool {
+        self.child.is_none()
+    }
+
     /// Fails the test if the process exited by itself.
     pub fn assert_alive(&mut self) {
         if let Some(status) = self.exited() {
@@ -245,6 +250,7 @@ pub struct WorkerProcess {
     concurrency: u32,
     ledger: Option<PathBuf>,
     push_listen: Option<String>,
+    start_stamps: Option<PathBuf>,
     place: Place,
 }
 
@@ -261,6 +267,7 @@ impl WorkerProcess {
             concurrency: 4,
             ledger: None,
             push_listen: None,
+            start_stamps: None,
             place: Place::local(),
         }
     }
@@ -286,6 +293,13 @@ impl WorkerProcess {
     /// Push mode, serving `taskmesh.v1.Worker` on `listen` (`--push-listen`).
     pub fn push(mut self, listen: &str) -> Self {
         self.push_listen = Some(listen.into());
+        self
+    }
+
+    /// Stamps each execution's start (`task_id unix_micros`, this host's
+    /// clock) into `path` (`--start-stamps`; see [`read_start_stamps`]).
+    pub fn start_stamps(mut self, path: &Path) -> Self {
+        self.start_stamps = Some(path.to_path_buf());
         self
     }
 
@@ -316,6 +330,9 @@ impl WorkerProcess {
             .stderr(log);
         if let Some(ledger) = &self.ledger {
             command.arg("--ledger").arg(ledger);
+        }
+        if let Some(stamps) = &self.start_stamps {
+            command.arg("--start-stamps").arg(stamps);
         }
         if let Some(listen) = &self.push_listen {
             command.arg("--push-listen").arg(listen);
@@ -375,6 +392,19 @@ pub fn read_ledger(path: &Path) -> Vec<LedgerLine> {
                 execution_id: f[2].into(),
                 worker_id: f[3].into(),
             }
+        })
+        .collect()
+}
+
+/// The start stamps a worker wrote with [`WorkerProcess::start_stamps`]:
+/// (task id, microseconds since the Unix epoch), one per execution; a
+/// missing file is none.
+pub fn read_start_stamps(path: &Path) -> Vec<(String, i64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let (id, us) = line.split_once(' ')?;
+            Some((id.to_string(), us.parse().ok()?))
         })
         .collect()
 }

@@ -11,6 +11,7 @@
 //! | `workers` | set of session ids | index of the registry |
 //! | `worker:{session_id}` | JSON, `PX worker_ttl` | one worker stream |
 //! | `idem:{key}` | string, `PX ttl` | an idempotency key |
+//! | `store-ok` | sorted set of node ids, scored by when their word lapses (Redis's clock, ms) | the nodes that reach their store |
 //!
 //! Every call runs under `op_timeout` on a [`ConnectionManager`] that
 //! reconnects by itself, so an outage is an [`Error::Unavailable`] naming
@@ -135,6 +136,8 @@ struct Scripts {
     resign: Script,
     list: Script,
     idempotency: Script,
+    mark_store: Script,
+    peers_store: Script,
 }
 
 impl RedisCoordinator {
@@ -169,6 +172,8 @@ impl RedisCoordinator {
                     resign: Script::new(lease::RESIGN_LUA),
                     list: Script::new(registry::LIST_LUA),
                     idempotency: Script::new(IDEMPOTENCY_LUA),
+                    mark_store: Script::new(MARK_STORE_LUA),
+                    peers_store: Script::new(PEERS_STORE_LUA),
                 },
                 floor: AtomicU64::new(0),
                 floor_source: Mutex::new(None),
@@ -270,6 +275,26 @@ impl fmt::Debug for RedisCoordinator {
 
 /// First writer wins: store unless present, else return what is there.
 /// One script so the answer and the write cannot be split by an expiry.
+/// Marks ARGV[1] as reaching its store for ARGV[2] ms, on Redis's clock
+/// (no replica's clock matters); drops lapsed marks; the set itself lapses
+/// when nobody marks for a while.
+const MARK_STORE_LUA: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ttl * 4)
+return 1
+";
+
+/// The nodes whose mark has not lapsed, on Redis's clock.
+const PEERS_STORE_LUA: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+";
+
 const IDEMPOTENCY_LUA: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return false
@@ -326,6 +351,34 @@ impl Coordinator for RedisCoordinator {
             invocation.invoke_async(&mut conn).await
         })
         .await
+    }
+
+    async fn mark_store_reachable(&self, ttl: Duration) -> Result<()> {
+        crate::check_mark_ttl(ttl)?;
+        let mut conn = self.inner.conn.clone();
+        let mut invocation = self.inner.scripts.mark_store.key(self.key("store-ok"));
+        invocation
+            .arg(&self.inner.opts.node_id)
+            .arg(ttl.as_millis() as u64);
+        let _: i64 = self
+            .call("store reachability mark", async move {
+                invocation.invoke_async(&mut conn).await
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn peers_reaching_store(&self) -> Result<Vec<String>> {
+        let mut conn = self.inner.conn.clone();
+        let invocation = self.inner.scripts.peers_store.key(self.key("store-ok"));
+        let mut nodes: Vec<String> = self
+            .call("store reachability peers", async move {
+                invocation.invoke_async(&mut conn).await
+            })
+            .await?;
+        nodes.retain(|n| *n != self.inner.opts.node_id);
+        nodes.sort();
+        Ok(nodes)
     }
 
     async fn ping(&self) -> Result<()> {
