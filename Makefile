@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/taskmesh-target
 PY_VENV ?= $(HOME)/.cache/taskmesh-py
 
-.PHONY: run build test tools services fmt fmt-check lint unit proto-python buf examples-setup polyglot bench openapi schemathesis fuzz fuzz-short help
+.PHONY: run build test tools services fmt fmt-check lint unit faults proto-python buf examples-setup polyglot bench openapi schemathesis fuzz fuzz-short help
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -17,7 +17,7 @@ build: tools ## Build the taskmesh binary (debug)
 
 test: tools services fmt-check lint build proto-python buf unit polyglot schemathesis fuzz-short ## Everything CI checks
 
-tools: ## Install what the build needs beyond cargo if it is missing (protoc, from Debian)
+tools: ## Install what the build and tests need beyond cargo if it is missing (protoc, iproute2, e2fsprogs, faketime, from Debian)
 	bash scripts/ensure-tools.sh
 
 services: ## Make sure the machine's Postgres, MariaDB and Redis answer (start them if not)
@@ -34,6 +34,9 @@ lint: tools ## Clippy on every target, warnings are errors
 
 unit: build ## The Rust tests: unit, property, conformance and end-to-end
 	$(CARGO) test --workspace
+
+faults: tools services ## Every fault scenario (partitions in network namespaces, skewed clocks, full and slow disks), one summary line each; needs root, ~5 min
+	bash scripts/faults.sh
 
 bench: ## Balancer micro-benchmark (divan) and the skew scenario per strategy (release builds)
 	$(CARGO) bench -p taskmesh-dispatcher --bench choose

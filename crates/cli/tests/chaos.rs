@@ -35,16 +35,15 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use taskmesh::v1 as pb;
 use taskmesh_store::DatabaseKind;
 use taskmesh_testkit::cluster::{
-    Cluster, LEASE_TTL, Load, Replica, lazy_client, leader_index, retry_policy, submit_load,
+    Cluster, LEASE_TTL, Load, Replica, lazy_client, leader_index, submit_load,
 };
 use taskmesh_testkit::db::Arg;
 use taskmesh_testkit::metrics::metric;
 use taskmesh_testkit::process::{LedgerLine, read_ledger};
 use taskmesh_testkit::record::prove;
-use taskmesh_testkit::schedule::{create_schedule, every_second, pause_schedule};
+use taskmesh_testkit::schedule::{create_schedule, every_second_retrying, pause_schedule};
 use taskmesh_testkit::{Child, now_ms, wait_for};
 use tokio::time::Instant;
 
@@ -101,18 +100,7 @@ async fn chaos(kind: DatabaseKind) {
     leader_index(&replicas).await;
 
     let mut api0 = lazy_client(&urls[0]);
-    let schedule = create_schedule(
-        &mut api0,
-        pb::Schedule {
-            template: Some(pb::TaskTemplate {
-                handler: "echo".into(),
-                retry_policy: Some(retry_policy()),
-                ..Default::default()
-            }),
-            ..every_second("echo")
-        },
-    )
-    .await;
+    let schedule = create_schedule(&mut api0, every_second_retrying("echo")).await;
 
     // Workers: each tries the replicas in its own order, so they spread.
     let mut started = 0usize;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use taskmesh::v1 as pb;
 use taskmesh::v1::task_api_client::TaskApiClient;
 use taskmesh_testkit::process::spawn_server;
-use taskmesh_testkit::{Ledger, counting_worker, free_port, wait_for};
+use taskmesh_testkit::{Ledger, counting_worker, free_port, json_task, wait_for};
 use tonic::transport::Channel;
 
 const BIN: &str = env!("CARGO_BIN_EXE_taskmesh");
@@ -127,14 +127,7 @@ async fn submit_loop(
         if shared.stop.load(Ordering::Relaxed) {
             break;
         }
-        let call = api.submit_task(pb::SubmitTaskRequest {
-            handler: "echo".into(),
-            payload: Some(pb::Payload {
-                data: payload.clone(),
-                content_type: "application/json".into(),
-            }),
-            ..Default::default()
-        });
+        let call = api.submit_task(json_task("echo", &payload));
         match call.await {
             Ok(r) => {
                 accepted.push(r.into_inner().task_id);
@@ -203,17 +196,10 @@ async fn a_full_disk_refuses_submits_clearly_loses_nothing_and_resumes_by_itself
         || {
             let mut api = api.clone();
             async move {
-                api.submit_task(pb::SubmitTaskRequest {
-                    handler: "echo".into(),
-                    payload: Some(pb::Payload {
-                        data: b"{}".to_vec(),
-                        content_type: "application/json".into(),
-                    }),
-                    ..Default::default()
-                })
-                .await
-                .ok()
-                .map(|r| r.into_inner().task_id)
+                api.submit_task(json_task("echo", b"{}"))
+                    .await
+                    .ok()
+                    .map(|r| r.into_inner().task_id)
             }
         },
     )
@@ -429,14 +415,7 @@ async fn timed_submits(api: &TaskApiClient<Channel>, n: usize) -> (Vec<String>, 
         let mut api = api.clone();
         let t = Instant::now();
         let r = api
-            .submit_task(pb::SubmitTaskRequest {
-                handler: "echo".into(),
-                payload: Some(pb::Payload {
-                    data: b"{}".to_vec(),
-                    content_type: "application/json".into(),
-                }),
-                ..Default::default()
-            })
+            .submit_task(json_task("echo", b"{}"))
             .await
             .expect("a submit on a slow disk is accepted");
         ms.push(t.elapsed().as_secs_f64() * 1e3);

@@ -28,15 +28,15 @@ use std::time::Duration;
 
 use taskmesh::v1 as pb;
 use taskmesh_testkit::cluster::{
-    Cluster, LEASE_TTL, Load, Replica, lazy_client, leader_index, retry_policy, submit_load,
+    Cluster, LEASE_TTL, Load, Replica, lazy_client, leader_index, submit_load,
 };
 use taskmesh_testkit::db::{Arg, Db};
 use taskmesh_testkit::metrics::{leads_at, metric_at};
 use taskmesh_testkit::netns::{Net, Place};
 use taskmesh_testkit::process::{log_tail, read_ledger};
 use taskmesh_testkit::record::{Proof, prove};
-use taskmesh_testkit::schedule::{create_schedule, every_second, pause_schedule};
-use taskmesh_testkit::{Child, now_ms, wait_for};
+use taskmesh_testkit::schedule::{create_schedule, every_second_retrying, pause_schedule};
+use taskmesh_testkit::{Child, json_task, now_ms, wait_for};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -89,18 +89,7 @@ impl Bed {
         let db = cluster.db().await;
         leader_index(&replicas).await;
         let mut api = lazy_client(&urls[0]);
-        let schedule = create_schedule(
-            &mut api,
-            pb::Schedule {
-                template: Some(pb::TaskTemplate {
-                    handler: "echo".into(),
-                    retry_policy: Some(retry_policy()),
-                    ..Default::default()
-                }),
-                ..every_second("echo")
-            },
-        )
-        .await;
+        let schedule = create_schedule(&mut api, every_second_retrying("echo")).await;
         // Each worker tries the replicas starting from its own.
         let mut workers = Vec::new();
         for (i, place) in worker_places.iter().enumerate() {
@@ -129,6 +118,30 @@ impl Bed {
             schedule,
             net,
         }
+    }
+
+    /// A bed under the steady load, `FAULT_AT` into it: where every
+    /// scenario's fault begins.
+    async fn loaded(name: &str) -> (Self, JoinHandle<Vec<String>>) {
+        let bed = Self::start().await;
+        let load = bed.load(name);
+        // The scenario's timetable (load before the fault), not a
+        // synchronisation: every outcome is awaited with a deadline.
+        tokio::time::sleep(FAULT_AT).await;
+        (bed, load)
+    }
+
+    /// Waits until one of the replicas `among` leads; returns which.
+    async fn leader_among(&self, among: &[usize]) -> usize {
+        wait_for("another replica to lead", LEASE_TTL * 4, || async {
+            for &i in among {
+                if leads_at(self.replicas[i].http_addr()).await {
+                    return Some(i);
+                }
+            }
+            None
+        })
+        .await
     }
 
     /// Starts the steady load (about 24 s, 2,400 tasks).
@@ -174,17 +187,7 @@ impl Bed {
             let id = wait_for("a replica accepting a task after the heal", limit, || {
                 let mut api = lazy_client(&url);
                 async move {
-                    let r = api
-                        .submit_task(pb::SubmitTaskRequest {
-                            handler: "echo".into(),
-                            payload: Some(pb::Payload {
-                                data: b"{}".to_vec(),
-                                content_type: "application/json".into(),
-                            }),
-                            ..Default::default()
-                        })
-                        .await
-                        .ok()?;
+                    let r = api.submit_task(json_task("echo", b"{}")).await.ok()?;
                     Some(r.into_inner().task_id)
                 }
             })
@@ -286,11 +289,7 @@ impl Bed {
 /// a newer fencing token, and the old leader's writes are fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_leader_from_redis() {
-    let bed = Bed::start().await;
-    let load = bed.load("leader-redis");
-    // The scenario's timetable (load before the fault), not a
-    // synchronisation: every outcome below is awaited with a deadline.
-    tokio::time::sleep(FAULT_AT).await;
+    let (bed, load) = Bed::loaded("leader-redis").await;
     let old = bed.leader().await;
     let old_token = bed.cluster.leader_token().expect("a lease in Redis");
     bed.net.cut(&bed.replicas[old].place, &bed.redis);
@@ -304,15 +303,7 @@ async fn partition_leader_from_redis() {
     )
     .await;
     let others: Vec<_> = (0..REPLICAS).filter(|i| *i != old).collect();
-    let new = wait_for("another replica to lead", LEASE_TTL * 4, || async {
-        for &i in &others {
-            if leads_at(bed.replicas[i].http_addr()).await {
-                return Some(i);
-            }
-        }
-        None
-    })
-    .await;
+    let new = bed.leader_among(&others).await;
     let took_over = cut.elapsed();
     let new_token = bed.cluster.leader_token().expect("the new lease");
     tokio::time::sleep(FAULT_FOR.saturating_sub(cut.elapsed())).await;
@@ -361,10 +352,7 @@ async fn partition_leader_from_postgres() {
 }
 
 async fn replica_from_postgres(name: &str, leader_is_victim: bool) {
-    let bed = Bed::start().await;
-    let load = bed.load(name);
-    // The scenario's timetable (load before the fault).
-    tokio::time::sleep(FAULT_AT).await;
+    let (bed, load) = Bed::loaded(name).await;
     let leader = bed.leader().await;
     let victim = if leader_is_victim {
         leader
@@ -431,10 +419,7 @@ async fn replica_from_postgres(name: &str, leader_is_victim: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "make faults"]
 async fn half_open_worker() {
-    let bed = Bed::start().await;
-    let load = bed.load("half-open");
-    // The scenario's timetable (load before the fault).
-    tokio::time::sleep(FAULT_AT).await;
+    let (bed, load) = Bed::loaded("half-open").await;
     // Long tasks, so the worker surely holds some when it is cut off.
     let long = submit_load(
         bed.urls.clone(),
@@ -507,10 +492,7 @@ async fn half_open_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "make faults"]
 async fn symmetric_split() {
-    let bed = Bed::start().await;
-    let load = bed.load("split");
-    // The scenario's timetable (load before the fault).
-    tokio::time::sleep(FAULT_AT).await;
+    let (bed, load) = Bed::loaded("split").await;
     let leader = bed.leader().await;
     let minority = vec![&bed.replicas[leader].place, &bed.worker_places[0]];
     let mut majority: Vec<&Place> = vec![&bed.pg, &bed.redis];
@@ -526,15 +508,7 @@ async fn symmetric_split() {
     let cut = Instant::now();
     let cut_at = now_ms();
     let others: Vec<_> = (0..REPLICAS).filter(|i| *i != leader).collect();
-    wait_for("a leader on the majority side", LEASE_TTL * 4, || async {
-        for &i in &others {
-            if leads_at(bed.replicas[i].http_addr()).await {
-                return Some(());
-            }
-        }
-        None
-    })
-    .await;
+    bed.leader_among(&others).await;
     let took_over = cut.elapsed();
     tokio::time::sleep(FAULT_FOR.saturating_sub(cut.elapsed())).await;
     bed.net.heal_all();
@@ -557,10 +531,7 @@ async fn symmetric_split() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "make faults"]
 async fn links_flapping() {
-    let bed = Bed::start().await;
-    let load = bed.load("flapping");
-    // The scenario's timetable (load before the fault).
-    tokio::time::sleep(FAULT_AT).await;
+    let (bed, load) = Bed::loaded("flapping").await;
     let hosts: Vec<Place> = bed.net.hosts().to_vec();
     let cut_at = now_ms();
     let mut rng: u64 = 0x2545_f491_4f6c_dd1d;

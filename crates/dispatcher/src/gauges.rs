@@ -40,7 +40,21 @@ pub async fn run(shared: Shared, every: Duration, mut seen: Seen, shutdown: Canc
 /// One refresh (also run by tests before they scrape).
 pub async fn refresh(shared: &Shared, seen: &mut Seen) {
     let mark = shared.quotas.backlog_mark();
-    match shared.store.ready_counts().await {
+    // Bounded: a store call on a connection the network silently cut waits
+    // for TCP to give up (minutes), and the worker gauges below must not
+    // wait with it.
+    let limit = shared
+        .opts
+        .gauge_interval
+        .max(std::time::Duration::from_millis(100));
+    let counts = match tokio::time::timeout(limit, shared.store.ready_counts()).await {
+        Ok(counts) => counts,
+        Err(_) => Err(taskmesh_store::Error::Unavailable(format!(
+            "no answer within {} ms",
+            limit.as_millis()
+        ))),
+    };
+    match counts {
         Ok(counts) => {
             // Pairs past the label cap add up under `other`.
             let mut depth = std::collections::HashMap::<(String, String), u64>::new();

@@ -14,9 +14,10 @@
 //! store well says so through the coordinator for three intervals
 //! (`Coordinator::mark_store_reachable`); a node whose store has failed two
 //! probes in a row, while another node's word is fresh, ends every worker
-//! stream with UNAVAILABLE ([`SHED_MESSAGE`]) and refuses `Connect` until
-//! its store answers again, so its workers fail over to the nodes that can
-//! record their work. Alone (one node, or every node cut off from the
+//! stream with UNAVAILABLE ([`SHED_MESSAGE`]), refuses `Connect` until its
+//! store answers again and gives up the lease if it holds it, so its
+//! workers fail over to the nodes that can record their work and one of
+//! those leads. Alone (one node, or every node cut off from the
 //! store) it keeps its streams: results wait for the store there rather
 //! than being run again elsewhere.
 
@@ -166,6 +167,13 @@ impl HealthWatch {
             _ => return,
         };
         shedding.store(true, Ordering::Relaxed);
+        // A leader that cannot reach its store cannot fire or sweep; if its
+        // store calls fail fast its rounds would still renew the lease. It
+        // gives the lease up, and cannot take it again until its store
+        // answers (a fresh lease reads the store's newest token first).
+        if let Err(err) = coord.resign().await {
+            warn!(error = %err, "cannot give up the lease");
+        }
         let senders = self.shared.registry.senders();
         warn!(
             streams = senders.len(),

@@ -59,6 +59,18 @@ pub use process::{Child, free_port, now_ms};
 pub use raw::RawWorker;
 pub use workers::{Ledger, TestWorker, counting_push_worker, counting_worker};
 
+/// A task of `handler` with the JSON payload `json`.
+pub fn json_task(handler: &str, json: &[u8]) -> pb::SubmitTaskRequest {
+    pb::SubmitTaskRequest {
+        handler: handler.into(),
+        payload: Some(pb::Payload {
+            data: json.to_vec(),
+            content_type: "application/json".into(),
+        }),
+        ..Default::default()
+    }
+}
+
 /// Waits until task `id` is in state `want` (read with `GetTask`), failing
 /// the test after `limit`; returns the task as last read.
 pub async fn wait_task_state(

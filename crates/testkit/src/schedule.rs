@@ -22,6 +22,20 @@ pub fn every_second(handler: &str) -> pb::Schedule {
     }
 }
 
+/// [`every_second`] whose tasks retry up to 25 times
+/// ([`crate::cluster::retry_policy`]): the schedule of the chaos and fault
+/// tests, whose fire tasks a fault may interrupt.
+pub fn every_second_retrying(handler: &str) -> pb::Schedule {
+    pb::Schedule {
+        template: Some(pb::TaskTemplate {
+            handler: handler.into(),
+            retry_policy: Some(crate::cluster::retry_policy()),
+            ..Default::default()
+        }),
+        ..every_second(handler)
+    }
+}
+
 /// Creates `schedule`; returns its id.
 pub async fn create_schedule(api: &mut TaskApiClient<Channel>, schedule: pb::Schedule) -> String {
     api.create_schedule(pb::CreateScheduleRequest {
