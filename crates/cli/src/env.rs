@@ -80,6 +80,15 @@ pub const TRIGGER_ENGINE: &str = "TASKMESH_TRIGGER_ENGINE";
 pub const POLL_INTERVAL: &str = "TASKMESH_POLL_INTERVAL";
 /// A schedule fire time further behind than this counts as missed (`serve`).
 pub const MISFIRE_THRESHOLD: &str = "TASKMESH_MISFIRE_THRESHOLD";
+/// How long SUCCEEDED tasks are kept after they ended (`serve`), e.g. "24h".
+pub const RETENTION_SUCCEEDED: &str = "TASKMESH_RETENTION_SUCCEEDED";
+/// How long FAILED (and, unless set apart, TIMED_OUT and CANCELLED) tasks
+/// are kept (`serve`).
+pub const RETENTION_FAILED: &str = "TASKMESH_RETENTION_FAILED";
+/// How long TIMED_OUT tasks are kept (`serve`).
+pub const RETENTION_TIMED_OUT: &str = "TASKMESH_RETENTION_TIMED_OUT";
+/// How long CANCELLED tasks are kept (`serve`).
+pub const RETENTION_CANCELLED: &str = "TASKMESH_RETENTION_CANCELLED";
 /// Redis URL for cluster coordination (`serve`); unset means a single node.
 pub const REDIS_URL: &str = "TASKMESH_REDIS_URL";
 /// Prefix of every Redis key (`serve`).

@@ -140,6 +140,22 @@ struct ServeArgs {
     /// Interval of the polling trigger engine.
     #[arg(long, env = env::POLL_INTERVAL, default_value = "500ms", value_parser = humantime::parse_duration)]
     poll_interval: Duration,
+    /// Keep SUCCEEDED tasks (with their attempts and callbacks) this long
+    /// after they ended, then remove them (the leader does, in batches).
+    #[arg(long, env = env::RETENTION_SUCCEEDED, default_value = "24h", value_parser = humantime::parse_duration)]
+    retention_succeeded: Duration,
+    /// Keep FAILED tasks this long after they ended; also TIMED_OUT and
+    /// CANCELLED ones unless --retention-timed-out or --retention-cancelled
+    /// says otherwise [default: 7 days for FAILED and TIMED_OUT, 24h for
+    /// CANCELLED].
+    #[arg(long, env = env::RETENTION_FAILED, value_parser = humantime::parse_duration)]
+    retention_failed: Option<Duration>,
+    /// Keep TIMED_OUT tasks this long after they ended.
+    #[arg(long, env = env::RETENTION_TIMED_OUT, value_parser = humantime::parse_duration)]
+    retention_timed_out: Option<Duration>,
+    /// Keep CANCELLED tasks this long after they ended.
+    #[arg(long, env = env::RETENTION_CANCELLED, value_parser = humantime::parse_duration)]
+    retention_cancelled: Option<Duration>,
     /// A schedule fire time further behind than this when handled counts as
     /// missed, and the schedule's misfire policy applies.
     #[arg(long, env = env::MISFIRE_THRESHOLD, default_value = "5s", value_parser = humantime::parse_duration)]
@@ -336,6 +352,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
     let _tracing = args.log.init("taskmesh");
     let mut opts = node::NodeOptions::new();
+    let retention = retention(&args)?;
     opts.data_dir = args.data_dir;
     opts.grpc_addr = args.grpc_addr;
     opts.http_addr = args.http_addr;
@@ -366,6 +383,7 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("unknown trigger engine {:?}", args.trigger_engine))?;
     opts.scheduler.poll_interval = args.poll_interval;
     opts.scheduler.misfire_threshold = args.misfire_threshold;
+    opts.scheduler.retention = retention;
     opts.scheduler.fault_hold_round = std::env::var_os(env::FAULT_HOLD_ROUND).map(PathBuf::from);
     opts.dispatcher.balancer = BalancerOptions {
         default: args.balancer_default,
@@ -578,4 +596,28 @@ async fn shutdown_signal() {
     {
         let _ = ctrl_c.await;
     }
+}
+
+/// The retention horizons `serve` was given: `--retention-failed` covers
+/// TIMED_OUT and CANCELLED too unless their own flags are given; each
+/// horizon at least a minute.
+fn retention(args: &ServeArgs) -> anyhow::Result<taskmesh_scheduler::retention::Retention> {
+    let defaults = taskmesh_scheduler::retention::Retention::default();
+    let failed = args.retention_failed;
+    let r = taskmesh_scheduler::retention::Retention {
+        succeeded: Some(args.retention_succeeded),
+        failed: failed.or(defaults.failed),
+        timed_out: args.retention_timed_out.or(failed).or(defaults.timed_out),
+        cancelled: args.retention_cancelled.or(failed).or(defaults.cancelled),
+        batch: defaults.batch,
+    };
+    for (state, horizon) in r.horizons() {
+        if horizon.is_some_and(|h| h < Duration::from_secs(60)) {
+            anyhow::bail!(
+                "the retention of {} tasks must be at least 1 minute",
+                state.as_str()
+            );
+        }
+    }
+    Ok(r)
 }

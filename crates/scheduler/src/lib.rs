@@ -16,6 +16,7 @@ pub mod fault;
 mod fire;
 pub mod meters;
 mod orphans;
+pub mod retention;
 mod round;
 
 use std::path::PathBuf;
@@ -29,7 +30,7 @@ use taskmesh_core::breaker::Breakers;
 use taskmesh_store::Store;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use engine::{EngineKind, PollEngine, TriggerEngine, WheelEngine};
 
@@ -56,6 +57,8 @@ pub struct SchedulerOptions {
     /// worker's entry returns only with its next heartbeat. The registry's
     /// worker TTL is enough: every live stream re-puts its entry within it.
     pub registry_grace: Duration,
+    /// How long ended tasks are kept ([`retention`]).
+    pub retention: retention::Retention,
 }
 
 impl Default for SchedulerOptions {
@@ -68,6 +71,7 @@ impl Default for SchedulerOptions {
             misfire_threshold: Duration::from_secs(5),
             fault_hold_round: None,
             registry_grace: Duration::from_secs(15),
+            retention: retention::Retention::default(),
         }
     }
 }
@@ -154,6 +158,8 @@ pub struct Scheduler {
     sweep_not_before: std::sync::atomic::AtomicI64,
     /// The token of the last lease this node held (0: never led).
     last_token: std::sync::atomic::AtomicU64,
+    /// No retention pass before this (clock millis).
+    next_retention: std::sync::atomic::AtomicI64,
 }
 
 impl Scheduler {
@@ -179,6 +185,7 @@ impl Scheduler {
             coord_failed: AtomicBool::new(false),
             sweep_not_before: std::sync::atomic::AtomicI64::new(0),
             last_token: std::sync::atomic::AtomicU64::new(0),
+            next_retention: std::sync::atomic::AtomicI64::new(0),
         }
     }
 
@@ -291,6 +298,27 @@ impl Scheduler {
         {
             self.last_sweep.store(now, Ordering::Relaxed);
             self.sweep_orphans(now, lease.token).await?;
+        }
+        if now >= self.next_retention.load(Ordering::Relaxed) {
+            let pause = match retention::pass(self.store.as_ref(), &self.opts.retention, now).await
+            {
+                Ok((removed, more)) => {
+                    if removed > 0 {
+                        debug!(removed, "retention removed ended tasks");
+                    }
+                    if more {
+                        retention::BUSY_PAUSE
+                    } else {
+                        retention::IDLE_PAUSE
+                    }
+                }
+                Err(err) => {
+                    warn!(error = %err, "retention pass failed");
+                    retention::BUSY_PAUSE
+                }
+            };
+            self.next_retention
+                .store(now + pause.as_millis() as i64, Ordering::Relaxed);
         }
         Ok(tasks >= self.opts.batch || schedules >= self.opts.batch)
     }

@@ -81,6 +81,9 @@ pub const LEADER: &str = "taskmesh_leader";
 /// token older than the newest it has seen (this node was deposed while it
 /// was still writing), per write.
 pub const FENCED_WRITES: &str = "taskmesh_fenced_writes_total";
+/// Rows retention removed (`kind`: `tasks`, with their attempts and
+/// callbacks; `state`: the terminal state).
+pub const RETENTION_REMOVED: &str = "taskmesh_retention_removed_total";
 
 /// The namespace label of a figure about the namespace as a whole: the
 /// namespace once one of its handlers has a label of its own, else `other`.

@@ -52,6 +52,10 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
+    fixture_with(SchedulerOptions::default()).await
+}
+
+async fn fixture_with(opts: SchedulerOptions) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in(dir.path()).await.unwrap());
     let clock = FakeClock::new(T0);
@@ -68,7 +72,7 @@ async fn fixture() -> Fixture {
         trial_wait_ms: SEC,
     });
     let scheduler = Scheduler::build(
-        SchedulerOptions::default(),
+        opts,
         store.clone(),
         coord.clone(),
         Arc::new(clock.clone()),
@@ -637,5 +641,74 @@ async fn a_new_term_of_a_former_leader_waits_the_registry_grace_before_sweeping(
     assert!(
         format!("{:?}", attempt).contains("WorkerLost"),
         "the attempt ended WORKER_LOST: {attempt:?}"
+    );
+}
+
+/// Retention on the leader's rounds: an ended task goes once it is older
+/// than its state's horizon, not before; a live task never; a state without
+/// a horizon keeps its tasks.
+#[tokio::test]
+async fn retention_removes_ended_tasks_past_their_horizon_and_nothing_else() {
+    let f = fixture_with(SchedulerOptions {
+        retention: taskmesh_scheduler::retention::Retention {
+            cancelled: Some(std::time::Duration::from_secs(600)),
+            succeeded: None,
+            ..taskmesh_scheduler::retention::Retention::keep_all()
+        },
+        ..SchedulerOptions::default()
+    })
+    .await;
+    let cancel = Event::Cancel {
+        reason: "stop".into(),
+    };
+    let create = |at: UnixMillis| {
+        let store = f.store.clone();
+        async move {
+            store
+                .create_task(NewTask::new("echo", at), "fp", at)
+                .await
+                .unwrap()
+                .task
+        }
+    };
+    let early = create(T0).await;
+    f.store.transition(&early.id, &cancel, T0).await.unwrap();
+    let later = create(T0).await;
+    f.store
+        .transition(&later.id, &cancel, T0 + 5 * MIN)
+        .await
+        .unwrap();
+    let live = create(T0 + 20 * MIN).await;
+    let exists = |id: String| {
+        let store = f.store.clone();
+        async move { store.get_task(&id).await.unwrap().is_some() }
+    };
+
+    f.round_at(T0 + 9 * MIN).await;
+    assert!(
+        exists(early.id.clone()).await,
+        "9 min after it ended: inside the 10 min horizon"
+    );
+    f.round_at(T0 + 11 * MIN).await;
+    assert!(
+        !exists(early.id.clone()).await,
+        "11 min after it ended: removed"
+    );
+    assert!(exists(later.id.clone()).await, "6 min after it ended: kept");
+    f.round_at(T0 + 16 * MIN).await;
+    assert!(
+        !exists(later.id.clone()).await,
+        "11 min after it ended: removed"
+    );
+    f.round_at(T0 + 400 * 24 * 60 * MIN).await;
+    let t = f
+        .store
+        .get_task(&live.id)
+        .await
+        .unwrap()
+        .expect("the live task");
+    assert!(
+        !t.state.is_terminal(),
+        "a task that has not ended is never removed"
     );
 }

@@ -182,6 +182,11 @@ mod tests {
             Kind::InvalidArgument
         );
         assert_eq!(kind(&sqlx::Error::RowNotFound), Kind::Internal);
+        // A full disk, on each backend, is its own kind (RESOURCE_EXHAUSTED).
+        assert_eq!(crate::postgres::error_kind("53100"), Kind::StorageFull);
+        assert_eq!(crate::postgres::error_kind("53300"), Kind::Unavailable);
+        assert_eq!(crate::mysql::error_kind(1021), Kind::StorageFull);
+        assert_eq!(crate::mysql::error_kind(1114), Kind::StorageFull);
         let unavailable = Error::from(sqlx::Error::PoolClosed);
         assert_eq!(unavailable.code(), ErrorCode::Unavailable);
         assert_eq!(

@@ -32,7 +32,8 @@ mod wake;
 use async_trait::async_trait;
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
 use taskmesh_core::{
-    CallbackJob, CallbackOutcome, Clock, Event, NewTask, SystemClock, TaskRecord, UnixMillis,
+    CallbackJob, CallbackOutcome, Clock, Event, NewTask, SystemClock, TaskRecord, TaskState,
+    UnixMillis,
 };
 use tokio::sync::broadcast;
 
@@ -126,6 +127,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// One task with its attempts, oldest first.
     async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>>;
+
+    /// Retention: removes up to `limit` tasks in the terminal `state` that
+    /// ended before `ended_before`, the oldest first, with their attempts
+    /// and callbacks — never one whose callback is still to be delivered,
+    /// never a task that is not terminal. Returns how many went. A
+    /// non-terminal `state` is [`Error::InvalidArgument`].
+    async fn remove_ended(
+        &self,
+        state: TaskState,
+        ended_before: UnixMillis,
+        limit: usize,
+    ) -> Result<u64>;
 
     /// A page of tasks, newest first, attempts left empty.
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage>;

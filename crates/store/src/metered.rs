@@ -12,7 +12,9 @@ use std::time::Instant;
 use async_trait::async_trait;
 use taskmesh_core::auth::TokenRecord;
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
-use taskmesh_core::{CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, UnixMillis};
+use taskmesh_core::{
+    CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, TaskState, UnixMillis,
+};
 use tokio::sync::broadcast;
 
 use crate::{
@@ -85,6 +87,19 @@ impl<S: Store> Store for Metered<S> {
 
     async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>> {
         timed("get_task", self.inner.get_task(id)).await
+    }
+
+    async fn remove_ended(
+        &self,
+        state: TaskState,
+        ended_before: UnixMillis,
+        limit: usize,
+    ) -> Result<u64> {
+        timed(
+            "remove_ended",
+            self.inner.remove_ended(state, ended_before, limit),
+        )
+        .await
     }
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage> {

@@ -273,8 +273,6 @@ impl fmt::Debug for RedisCoordinator {
     }
 }
 
-/// First writer wins: store unless present, else return what is there.
-/// One script so the answer and the write cannot be split by an expiry.
 /// Marks ARGV[1] as reaching its store for ARGV[2] ms, on Redis's clock
 /// (no replica's clock matters); drops lapsed marks; the set itself lapses
 /// when nobody marks for a while.
@@ -295,6 +293,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 ";
 
+/// First writer wins: store unless present, else return what is there.
+/// One script so the answer and the write cannot be split by an expiry.
 const IDEMPOTENCY_LUA: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return false

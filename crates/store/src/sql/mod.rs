@@ -20,6 +20,7 @@ mod callbacks;
 mod claims;
 mod dialect;
 mod fires;
+mod retention;
 mod rows;
 mod schedules;
 mod statements;

@@ -60,6 +60,12 @@ pub struct Statements {
     pub awaiting_run_end: String,
     pub insert_fire: String,
     pub recent_fires: String,
+    /// Retention: the oldest tasks of a terminal state that ended before a
+    /// time, without a callback still to deliver.
+    pub ended_ids: String,
+    /// Retention: deletes terminal tasks by id (attempts and callbacks go
+    /// with them: `ON DELETE CASCADE`).
+    pub delete_ended: Ladder,
     /// `SELECT` tasks by id, for `IN` lists of ladder sizes.
     pub tasks_by_id: Ladder,
     /// The same, locking the rows in id order.
@@ -233,6 +239,17 @@ impl Statements {
                 "SELECT fire_at, handled_at, outcome, task_id FROM schedule_fires \
                  WHERE schedule_id = ? ORDER BY fire_at DESC LIMIT ?",
             ),
+            ended_ids: r("SELECT id FROM tasks WHERE state = ? AND ended_at < ? \
+                 AND NOT EXISTS (SELECT 1 FROM callbacks c \
+                 WHERE c.task_id = tasks.id AND c.state = 'PENDING') \
+                 ORDER BY id LIMIT ?"),
+            delete_ended: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "DELETE FROM tasks WHERE state IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', \
+                     'CANCELLED') AND id IN ({})",
+                    marks(n)
+                ))
+            }),
             tasks_by_id: Ladder::new(d, |d, n| {
                 d.render(&format!(
                     "SELECT {TASK_READ} FROM tasks WHERE id IN ({})",

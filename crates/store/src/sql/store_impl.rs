@@ -4,7 +4,9 @@
 use async_trait::async_trait;
 use taskmesh_core::auth::TokenRecord;
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
-use taskmesh_core::{CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, UnixMillis};
+use taskmesh_core::{
+    CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, TaskState, UnixMillis,
+};
 use tokio::sync::broadcast;
 
 use super::backend::Backend;
@@ -48,6 +50,15 @@ impl<B: Backend> Store for SqlStore<B> {
 
     async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>> {
         self.get(id).await
+    }
+
+    async fn remove_ended(
+        &self,
+        state: TaskState,
+        ended_before: UnixMillis,
+        limit: usize,
+    ) -> Result<u64> {
+        self.remove_ended_tasks(state, ended_before, limit).await
     }
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage> {

@@ -1,0 +1,93 @@
+//! Retention, on the leader: tasks that ended longer ago than their state's
+//! horizon are removed (with their attempts and delivered callbacks) in
+//! bounded batches (`Store::remove_ended`, one short write transaction
+//! each), one batch per state per pass, after the round's promotions and
+//! fires. A pass that found a full batch comes again after [`BUSY_PAUSE`],
+//! otherwise after [`IDLE_PAUSE`], so removal never holds the store for
+//! long. Deletes carry no fencing token: a deposed leader removing rows
+//! past their horizon removes what the new leader would.
+
+use std::time::Duration;
+
+use taskmesh_core::{TaskState, UnixMillis};
+use taskmesh_store::Store;
+
+/// Pause after a pass that left more to remove.
+pub const BUSY_PAUSE: Duration = Duration::from_secs(1);
+/// Pause after a pass that removed all there was.
+pub const IDLE_PAUSE: Duration = Duration::from_secs(30);
+
+/// How long ended tasks are kept, per terminal state; `None` keeps them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retention {
+    pub succeeded: Option<Duration>,
+    pub failed: Option<Duration>,
+    pub timed_out: Option<Duration>,
+    pub cancelled: Option<Duration>,
+    /// Tasks removed per state per pass.
+    pub batch: usize,
+}
+
+impl Default for Retention {
+    /// Succeeded and cancelled 24 h, failed and timed out 7 days, 1,000 per
+    /// batch.
+    fn default() -> Self {
+        let day = Duration::from_secs(24 * 3600);
+        Self {
+            succeeded: Some(day),
+            failed: Some(day * 7),
+            timed_out: Some(day * 7),
+            cancelled: Some(day),
+            batch: 1_000,
+        }
+    }
+}
+
+impl Retention {
+    /// Keeps everything.
+    pub fn keep_all() -> Self {
+        Self {
+            succeeded: None,
+            failed: None,
+            timed_out: None,
+            cancelled: None,
+            batch: 1_000,
+        }
+    }
+
+    /// Each terminal state with its horizon.
+    pub fn horizons(&self) -> [(TaskState, Option<Duration>); 4] {
+        [
+            (TaskState::Succeeded, self.succeeded),
+            (TaskState::Failed, self.failed),
+            (TaskState::TimedOut, self.timed_out),
+            (TaskState::Cancelled, self.cancelled),
+        ]
+    }
+}
+
+/// One pass at `now`: a batch per state with a horizon. Returns how many
+/// tasks went and whether a batch was full (more is waiting).
+pub async fn pass(
+    store: &dyn Store,
+    retention: &Retention,
+    now: UnixMillis,
+) -> taskmesh_store::Result<(u64, bool)> {
+    let mut removed = 0;
+    let mut more = false;
+    for (state, horizon) in retention.horizons() {
+        let Some(horizon) = horizon else { continue };
+        let before = now
+            - i64::try_from(horizon.as_millis())
+                .unwrap_or(i64::MAX)
+                .min(now);
+        let n = store.remove_ended(state, before, retention.batch).await?;
+        if n > 0 {
+            metrics::counter!(crate::meters::RETENTION_REMOVED, "kind" => "tasks", "state" => state.as_str())
+                .increment(n);
+        }
+        removed += n;
+        more |= n as usize >= retention.batch;
+    }
+    Ok((removed, more))
+}

@@ -1,0 +1,130 @@
+//! Conformance scenario: retention's removal. Exactly the tasks of the
+//! named terminal state that ended before the horizon go, the oldest first
+//! and no more than asked, with their attempts; a task whose callback is
+//! still to be delivered stays until it is delivered; nothing that is not
+//! terminal ever goes.
+
+use taskmesh_core::{CallbackOutcome, Event, NewTask, TaskState};
+
+use super::{StoreFixture, T0, ack, all_filter, create, dispatch, get, new_task, step, succeed};
+use crate::{Error, Store};
+
+async fn succeeded(store: &dyn Store, at: i64) -> String {
+    let t = create(store, new_task("keep"), T0).await;
+    let exec = format!("exec-{at}");
+    let t = step(store, &t, dispatch(&exec, "w-1", at + 5_000), at - 2).await;
+    let t = step(store, &t, ack(&exec), at - 1).await;
+    step(store, &t, succeed(&exec, b"ok"), at).await.id
+}
+
+async fn cancelled(store: &dyn Store, task: NewTask, at: i64) -> String {
+    let t = create(store, task, T0).await;
+    let cancel = Event::Cancel {
+        reason: "stop".into(),
+    };
+    step(store, &t, cancel, at).await.id
+}
+
+/// See the module documentation.
+pub async fn retention_removes_only_ended_tasks_past_their_horizon(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let old_a = succeeded(store, T0 + 10).await;
+    let old_b = succeeded(store, T0 + 40).await;
+    let recent = succeeded(store, T0 + 1_000).await;
+    let old_cancelled = cancelled(store, new_task("keep"), T0 + 20).await;
+    let with_callback = NewTask {
+        callback_url: "http://127.0.0.1:9/cb".into(),
+        ..new_task("keep")
+    };
+    let awaiting_callback = cancelled(store, with_callback, T0 + 30).await;
+    let live = create(store, new_task("keep"), T0).await.id;
+    let horizon = T0 + 500;
+
+    // The oldest first, no more than asked.
+    let n = store
+        .remove_ended(TaskState::Succeeded, horizon, 1)
+        .await
+        .expect("remove");
+    assert_eq!(n, 1);
+    assert!(
+        store.get_task(&old_a).await.unwrap().is_none(),
+        "the oldest went first"
+    );
+    assert!(store.get_task(&old_b).await.unwrap().is_some());
+    let n = store
+        .remove_ended(TaskState::Succeeded, horizon, 100)
+        .await
+        .expect("remove");
+    assert_eq!(n, 1, "only the other old SUCCEEDED task");
+    assert!(store.get_task(&old_b).await.unwrap().is_none());
+    assert_eq!(
+        get(store, &recent).await.attempts.len(),
+        1,
+        "inside the horizon: kept whole"
+    );
+
+    // Per state; a pending callback keeps its task.
+    let n = store
+        .remove_ended(TaskState::Cancelled, horizon, 100)
+        .await
+        .expect("remove");
+    assert_eq!(n, 1, "the cancelled task without a callback to deliver");
+    assert!(store.get_task(&old_cancelled).await.unwrap().is_none());
+    let entry = get(store, &awaiting_callback)
+        .await
+        .callback
+        .expect("a pending callback");
+    assert!(
+        store
+            .finish_callback(&entry.delivery_id, &CallbackOutcome::Delivered, T0 + 600)
+            .await
+            .expect("deliver")
+    );
+    let n = store
+        .remove_ended(TaskState::Cancelled, horizon, 100)
+        .await
+        .expect("remove");
+    assert_eq!(n, 1, "delivered, it goes with its callback");
+    assert!(store.get_task(&awaiting_callback).await.unwrap().is_none());
+    let n = store
+        .remove_ended(TaskState::Failed, horizon, 100)
+        .await
+        .expect("remove");
+    assert_eq!(n, 0, "no FAILED task");
+
+    // Never a live task; a non-terminal state is refused, changing nothing.
+    let err = store
+        .remove_ended(TaskState::Ready, i64::MAX, 100)
+        .await
+        .expect_err("READY is not terminal");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    let left: Vec<String> = store
+        .list_tasks(&all_filter(100))
+        .await
+        .expect("list")
+        .tasks
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    let mut left = left;
+    left.sort();
+    let mut want = vec![recent.clone(), live.clone()];
+    want.sort();
+    assert_eq!(left, want, "exactly the recent and the live task are left");
+    // Once everything is past the horizon, all ended tasks can go; the
+    // live one stays.
+    for state in [
+        TaskState::Succeeded,
+        TaskState::Failed,
+        TaskState::TimedOut,
+        TaskState::Cancelled,
+    ] {
+        store
+            .remove_ended(state, i64::MAX, 100)
+            .await
+            .expect("remove");
+    }
+    assert!(store.get_task(&recent).await.unwrap().is_none());
+    assert_eq!(get(store, &live).await.state, TaskState::Ready);
+}
