@@ -25,6 +25,13 @@ async fn cancelled(store: &dyn Store, task: NewTask, at: i64) -> String {
     step(store, &t, cancel, at).await.id
 }
 
+async fn remove(store: &dyn Store, state: TaskState, before: i64, limit: usize) -> u64 {
+    store
+        .remove_ended(state, before, limit)
+        .await
+        .expect("remove_ended")
+}
+
 /// See the module documentation.
 pub async fn retention_removes_only_ended_tasks_past_their_horizon(fixture: &dyn StoreFixture) {
     let store = fixture.open().await;
@@ -42,20 +49,14 @@ pub async fn retention_removes_only_ended_tasks_past_their_horizon(fixture: &dyn
     let horizon = T0 + 500;
 
     // The oldest first, no more than asked.
-    let n = store
-        .remove_ended(TaskState::Succeeded, horizon, 1)
-        .await
-        .expect("remove");
+    let n = remove(store, TaskState::Succeeded, horizon, 1).await;
     assert_eq!(n, 1);
     assert!(
         store.get_task(&old_a).await.unwrap().is_none(),
         "the oldest went first"
     );
     assert!(store.get_task(&old_b).await.unwrap().is_some());
-    let n = store
-        .remove_ended(TaskState::Succeeded, horizon, 100)
-        .await
-        .expect("remove");
+    let n = remove(store, TaskState::Succeeded, horizon, 100).await;
     assert_eq!(n, 1, "only the other old SUCCEEDED task");
     assert!(store.get_task(&old_b).await.unwrap().is_none());
     assert_eq!(
@@ -65,10 +66,7 @@ pub async fn retention_removes_only_ended_tasks_past_their_horizon(fixture: &dyn
     );
 
     // Per state; a pending callback keeps its task.
-    let n = store
-        .remove_ended(TaskState::Cancelled, horizon, 100)
-        .await
-        .expect("remove");
+    let n = remove(store, TaskState::Cancelled, horizon, 100).await;
     assert_eq!(n, 1, "the cancelled task without a callback to deliver");
     assert!(store.get_task(&old_cancelled).await.unwrap().is_none());
     let entry = get(store, &awaiting_callback)
@@ -81,16 +79,10 @@ pub async fn retention_removes_only_ended_tasks_past_their_horizon(fixture: &dyn
             .await
             .expect("deliver")
     );
-    let n = store
-        .remove_ended(TaskState::Cancelled, horizon, 100)
-        .await
-        .expect("remove");
+    let n = remove(store, TaskState::Cancelled, horizon, 100).await;
     assert_eq!(n, 1, "delivered, it goes with its callback");
     assert!(store.get_task(&awaiting_callback).await.unwrap().is_none());
-    let n = store
-        .remove_ended(TaskState::Failed, horizon, 100)
-        .await
-        .expect("remove");
+    let n = remove(store, TaskState::Failed, horizon, 100).await;
     assert_eq!(n, 0, "no FAILED task");
 
     // Never a live task; a non-terminal state is refused, changing nothing.
@@ -120,10 +112,7 @@ pub async fn retention_removes_only_ended_tasks_past_their_horizon(fixture: &dyn
         TaskState::TimedOut,
         TaskState::Cancelled,
     ] {
-        store
-            .remove_ended(state, i64::MAX, 100)
-            .await
-            .expect("remove");
+        remove(store, state, i64::MAX, 100).await;
     }
     assert!(store.get_task(&recent).await.unwrap().is_none());
     assert_eq!(get(store, &live).await.state, TaskState::Ready);
