@@ -156,6 +156,10 @@ struct ServeArgs {
     /// Keep CANCELLED tasks this long after they ended.
     #[arg(long, env = env::RETENTION_CANCELLED, value_parser = humantime::parse_duration)]
     retention_cancelled: Option<Duration>,
+    /// Fire records kept per schedule (the newest; older ones are removed
+    /// by the leader, in batches).
+    #[arg(long, env = env::FIRE_HISTORY, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    fire_history: u32,
     /// A schedule fire time further behind than this when handled counts as
     /// missed, and the schedule's misfire policy applies.
     #[arg(long, env = env::MISFIRE_THRESHOLD, default_value = "5s", value_parser = humantime::parse_duration)]
@@ -610,6 +614,7 @@ fn retention(args: &ServeArgs) -> anyhow::Result<taskmesh_scheduler::retention::
         timed_out: args.retention_timed_out.or(failed).or(defaults.timed_out),
         cancelled: args.retention_cancelled.or(failed).or(defaults.cancelled),
         batch: defaults.batch,
+        fire_history: args.fire_history,
     };
     for (state, horizon) in r.horizons() {
         if horizon.is_some_and(|h| h < Duration::from_secs(60)) {

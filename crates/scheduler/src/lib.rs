@@ -160,6 +160,8 @@ pub struct Scheduler {
     last_token: std::sync::atomic::AtomicU64,
     /// No retention pass before this (clock millis).
     next_retention: std::sync::atomic::AtomicI64,
+    /// Where the next retention pass goes on through the schedules.
+    fire_cursor: std::sync::Mutex<Option<String>>,
 }
 
 impl Scheduler {
@@ -186,6 +188,7 @@ impl Scheduler {
             sweep_not_before: std::sync::atomic::AtomicI64::new(0),
             last_token: std::sync::atomic::AtomicU64::new(0),
             next_retention: std::sync::atomic::AtomicI64::new(0),
+            fire_cursor: std::sync::Mutex::new(None),
         }
     }
 
@@ -300,8 +303,15 @@ impl Scheduler {
             self.sweep_orphans(now, lease.token).await?;
         }
         if now >= self.next_retention.load(Ordering::Relaxed) {
-            let pause = match retention::pass(self.store.as_ref(), &self.opts.retention, now).await
-            {
+            let mut cursor = self
+                .fire_cursor
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            let done =
+                retention::pass(self.store.as_ref(), &self.opts.retention, now, &mut cursor).await;
+            *self.fire_cursor.lock().unwrap_or_else(|e| e.into_inner()) = cursor;
+            let pause = match done {
                 Ok((removed, more)) => {
                     if removed > 0 {
                         debug!(removed, "retention removed ended tasks");

@@ -2,7 +2,9 @@
 //! horizon are removed (with their attempts and delivered callbacks) in
 //! bounded batches (`Store::remove_ended`, one short write transaction
 //! each), one batch per state per pass, after the round's promotions and
-//! fires. A pass that found a full batch comes again after [`BUSY_PAUSE`],
+//! fires; and each schedule's fire history is trimmed to its newest
+//! `fire_history` records (`Store::trim_fires`), a page of
+//! [`SCHEDULES_PER_PASS`] schedules per pass, round robin. A pass that found a full batch comes again after [`BUSY_PAUSE`],
 //! otherwise after [`IDLE_PAUSE`], so removal never holds the store for
 //! long. Deletes carry no fencing token: a deposed leader removing rows
 //! past their horizon removes what the new leader would.
@@ -24,9 +26,15 @@ pub struct Retention {
     pub failed: Option<Duration>,
     pub timed_out: Option<Duration>,
     pub cancelled: Option<Duration>,
-    /// Tasks removed per state per pass.
+    /// Tasks removed per state per pass, and fire records per schedule.
     pub batch: usize,
+    /// Fire records kept per schedule (the newest); at least 1.
+    pub fire_history: u32,
 }
+
+/// Schedules whose fire history one pass looks at (the next page each
+/// pass, round robin over all of them).
+pub const SCHEDULES_PER_PASS: u32 = 100;
 
 impl Default for Retention {
     /// Succeeded and cancelled 24 h, failed and timed out 7 days, 1,000 per
@@ -39,6 +47,7 @@ impl Default for Retention {
             timed_out: Some(day * 7),
             cancelled: Some(day),
             batch: 1_000,
+            fire_history: 1_000,
         }
     }
 }
@@ -52,6 +61,7 @@ impl Retention {
             timed_out: None,
             cancelled: None,
             batch: 1_000,
+            fire_history: u32::MAX,
         }
     }
 
@@ -66,12 +76,15 @@ impl Retention {
     }
 }
 
-/// One pass at `now`: a batch per state with a horizon. Returns how many
-/// tasks went and whether a batch was full (more is waiting).
+/// One pass at `now`: a batch per state with a horizon, then the fire
+/// history of the next page of schedules after `cursor` (which moves on,
+/// back to the start after the last page). Returns how many rows went and
+/// whether a batch was full (more is waiting).
 pub async fn pass(
     store: &dyn Store,
     retention: &Retention,
     now: UnixMillis,
+    cursor: &mut Option<String>,
 ) -> taskmesh_store::Result<(u64, bool)> {
     let mut removed = 0;
     let mut more = false;
@@ -89,5 +102,22 @@ pub async fn pass(
         removed += n;
         more |= n as usize >= retention.batch;
     }
+    let keep = retention.fire_history.max(1);
+    let (page, next) = store
+        .list_schedules(None, cursor.as_deref(), SCHEDULES_PER_PASS)
+        .await?;
+    for s in page {
+        // Records ever written: nothing to trim below the cap.
+        if s.fire_count + s.skipped_count <= u64::from(keep) {
+            continue;
+        }
+        let n = store.trim_fires(&s.id, keep, retention.batch).await?;
+        if n > 0 {
+            metrics::counter!(crate::meters::RETENTION_REMOVED, "kind" => "fires").increment(n);
+        }
+        removed += n;
+        more |= n as usize >= retention.batch;
+    }
+    *cursor = next;
     Ok((removed, more))
 }

@@ -712,3 +712,41 @@ async fn retention_removes_ended_tasks_past_their_horizon_and_nothing_else() {
         "a task that has not ended is never removed"
     );
 }
+
+/// Fire history beyond a schedule's newest `fire_history` records is
+/// trimmed by the leader's retention pass, the newest kept.
+#[tokio::test]
+async fn retention_trims_fire_history_to_the_newest_records() {
+    let f = fixture_with(SchedulerOptions {
+        retention: taskmesh_scheduler::retention::Retention {
+            fire_history: 5,
+            ..taskmesh_scheduler::retention::Retention::keep_all()
+        },
+        ..SchedulerOptions::default()
+    })
+    .await;
+    let s = f
+        .schedule(
+            ScheduleKind::Cron,
+            "*/5 * * * *",
+            MisfirePolicy::FireOnceNow,
+            OverlapPolicy::Allow,
+        )
+        .await;
+    // An hour down: 12 fire records (1 created, 11 skipped) in one round,
+    // whose retention pass trims them to the newest 5.
+    f.round_at(T0 + 60 * MIN + 2 * SEC).await;
+    let stored = f.store.get_schedule(&s.id).await.unwrap().unwrap();
+    assert_eq!(stored.fire_count + stored.skipped_count, 12);
+    let mut kept: Vec<UnixMillis> = f
+        .store
+        .recent_fires(&s.id, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.fire_at)
+        .collect();
+    kept.sort_unstable();
+    let newest: Vec<UnixMillis> = (8..=12).map(|k| T0 + k * 5 * MIN).collect();
+    assert_eq!(kept, newest, "the newest five fire records are kept");
+}

@@ -85,6 +85,7 @@ macro_rules! store_conformance_suite {
             tokens_are_stored_listed_and_revoked,
             cluster_key_is_made_once,
             retention_removes_only_ended_tasks_past_their_horizon,
+            fire_history_is_trimmed_to_the_newest,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -262,7 +263,9 @@ pub use namespaces::{
     cluster_key_is_made_once, namespaces_keep_tasks_apart, schedules_list_by_namespace,
     tokens_are_stored_listed_and_revoked,
 };
-pub use retention::retention_removes_only_ended_tasks_past_their_horizon;
+pub use retention::{
+    fire_history_is_trimmed_to_the_newest, retention_removes_only_ended_tasks_past_their_horizon,
+};
 pub use schedules::{
     awaiting_run_end_lists_fixed_delay_waiters, due_schedules_and_next_due,
     fire_commit_cancels_the_previous_run, fire_commit_is_atomic_and_idempotent,

@@ -258,6 +258,13 @@ pub trait Store: Send + Sync + 'static {
     /// One schedule.
     async fn get_schedule(&self, id: &str) -> Result<Option<ScheduleRecord>>;
 
+    /// Retention of fire history: removes the oldest fire records of
+    /// `schedule_id` beyond its newest `keep`, at most `limit` of them in
+    /// one short write. Returns how many went. Fires only move forward (the
+    /// schedule's row says where), so an old record is not needed to keep a
+    /// fire time from being handled twice.
+    async fn trim_fires(&self, schedule_id: &str, keep: u32, limit: usize) -> Result<u64>;
+
     /// Schedules (of `namespace`, or every namespace) in id order after
     /// `after_id`, at most `limit` (1..=1000), and the id to continue from
     /// when more exist.

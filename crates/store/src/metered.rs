@@ -102,6 +102,14 @@ impl<S: Store> Store for Metered<S> {
         .await
     }
 
+    async fn trim_fires(&self, schedule_id: &str, keep: u32, limit: usize) -> Result<u64> {
+        timed(
+            "trim_fires",
+            self.inner.trim_fires(schedule_id, keep, limit),
+        )
+        .await
+    }
+
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage> {
         timed("list_tasks", self.inner.list_tasks(filter)).await
     }

@@ -117,3 +117,54 @@ pub async fn retention_removes_only_ended_tasks_past_their_horizon(fixture: &dyn
     assert!(store.get_task(&recent).await.unwrap().is_none());
     assert_eq!(get(store, &live).await.state, TaskState::Ready);
 }
+
+/// Fire history is trimmed to a schedule's newest records, the oldest first
+/// and no more than asked per call; another schedule's fires stay; a
+/// schedule with no more than `keep` records loses nothing.
+pub async fn fire_history_is_trimmed_to_the_newest(fixture: &dyn StoreFixture) {
+    use super::schedules::{fire_commit, schedule};
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    for id in ["busy", "quiet"] {
+        store
+            .create_schedule(&schedule(id, Some(T0)))
+            .await
+            .expect("create schedule");
+    }
+    let fire = |id: &'static str, n: i64| async move {
+        let s = store.get_schedule(id).await.unwrap().expect("schedule");
+        let commit = fire_commit(&s, T0 + n * 1_000, &taskmesh_core::id::new_task_id());
+        store
+            .commit_fires(commit, T0 + n * 1_000)
+            .await
+            .expect("commit")
+            .expect("committed");
+    };
+    for n in 0..10 {
+        fire("busy", n).await;
+    }
+    for n in 0..3 {
+        fire("quiet", n).await;
+    }
+    let times = |id: &'static str| async move {
+        let mut t: Vec<i64> = store
+            .recent_fires(id, 100)
+            .await
+            .expect("fires")
+            .into_iter()
+            .map(|f| f.fire_at)
+            .collect();
+        t.sort_unstable();
+        t
+    };
+
+    assert_eq!(store.trim_fires("busy", 4, 2).await.expect("trim"), 2);
+    assert_eq!(times("busy").await[0], T0 + 2_000, "the two oldest went");
+    assert_eq!(store.trim_fires("busy", 4, 100).await.expect("trim"), 4);
+    let kept: Vec<i64> = (6..10).map(|n| T0 + n * 1_000).collect();
+    assert_eq!(times("busy").await, kept, "the newest four are kept");
+    assert_eq!(store.trim_fires("busy", 4, 100).await.expect("trim"), 0);
+    assert_eq!(store.trim_fires("quiet", 4, 100).await.expect("trim"), 0);
+    assert_eq!(times("quiet").await.len(), 3, "within the cap: untouched");
+    assert_eq!(store.trim_fires("missing", 4, 100).await.expect("trim"), 0);
+}

@@ -66,6 +66,13 @@ pub struct Statements {
     /// Retention: deletes terminal tasks by id (attempts and callbacks go
     /// with them: `ON DELETE CASCADE`).
     pub delete_ended: Ladder,
+    /// Fire retention: the fire time `OFFSET` places from the newest (the
+    /// oldest to keep), and the one `OFFSET` places from the oldest before
+    /// a time (the last of a bounded batch).
+    pub nth_newest_fire: String,
+    pub nth_oldest_fire_before: String,
+    /// Fire retention: deletes a schedule's fires in `[.., ?]` before `?`.
+    pub delete_fires_through: String,
     /// `SELECT` tasks by id, for `IN` lists of ladder sizes.
     pub tasks_by_id: Ladder,
     /// The same, locking the rows in id order.
@@ -243,6 +250,14 @@ impl Statements {
                  AND NOT EXISTS (SELECT 1 FROM callbacks c \
                  WHERE c.task_id = tasks.id AND c.state = 'PENDING') \
                  ORDER BY id LIMIT ?"),
+            nth_newest_fire: r(
+                "SELECT fire_at AS v FROM schedule_fires WHERE schedule_id = ? \
+                 ORDER BY fire_at DESC LIMIT 1 OFFSET ?",
+            ),
+            nth_oldest_fire_before: r("SELECT fire_at AS v FROM schedule_fires \
+                 WHERE schedule_id = ? AND fire_at < ? ORDER BY fire_at LIMIT 1 OFFSET ?"),
+            delete_fires_through: r("DELETE FROM schedule_fires WHERE schedule_id = ? \
+                 AND fire_at < ? AND fire_at <= ?"),
             delete_ended: Ladder::new(d, |d, n| {
                 d.render(&format!(
                     "DELETE FROM tasks WHERE state IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', \

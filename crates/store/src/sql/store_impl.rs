@@ -52,6 +52,10 @@ impl<B: Backend> Store for SqlStore<B> {
         self.get(id).await
     }
 
+    async fn trim_fires(&self, schedule_id: &str, keep: u32, limit: usize) -> Result<u64> {
+        self.trim_schedule_fires(schedule_id, keep, limit).await
+    }
+
     async fn remove_ended(
         &self,
         state: TaskState,
