@@ -239,7 +239,14 @@ impl Scheduler {
             if again {
                 continue;
             }
-            // Wait for a reason to run the next round.
+            // Wait for a reason to run the next round: retention's next
+            // pass is one (a standby's is put off by IDLE_PAUSE each round).
+            let retention_in = Duration::from_millis(
+                (self.next_retention.load(Ordering::Relaxed) - self.clock.now_millis()).max(0)
+                    as u64,
+            );
+            let retention_due = tokio::time::sleep(retention_in);
+            tokio::pin!(retention_due);
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => {
@@ -249,6 +256,7 @@ impl Scheduler {
                     _ = self.handle.wake.notified() => break,
                     _ = engine.next_wake() => break,
                     _ = renew.tick() => break,
+                    _ = &mut retention_due => break,
                     // After a failed round (store or coordination down), try
                     // again soon whatever the engine says.
                     _ = tokio::time::sleep(Duration::from_secs(1)), if failed => break,
@@ -278,6 +286,9 @@ impl Scheduler {
             self.coord_failed.store(true, Ordering::Relaxed);
         }
         let Some(lease) = lease.map_err(|e| e.to_string())? else {
+            // Not leading: no retention pass is due here for a while.
+            let later = self.clock.now_millis() + retention::IDLE_PAUSE.as_millis() as i64;
+            self.next_retention.store(later, Ordering::Relaxed);
             return Ok(false);
         };
         let now = self.clock.now_millis();

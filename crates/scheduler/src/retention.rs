@@ -17,7 +17,7 @@ use taskmesh_store::Store;
 /// Pause after a pass that left more to remove.
 pub const BUSY_PAUSE: Duration = Duration::from_secs(1);
 /// Pause after a pass that removed all there was.
-pub const IDLE_PAUSE: Duration = Duration::from_secs(30);
+pub const IDLE_PAUSE: Duration = Duration::from_secs(5);
 
 /// How long ended tasks are kept, per terminal state; `None` keeps them.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -43,6 +43,14 @@ pub struct LatencyReport {
     pub duration_s: f64,
     /// PENDING tasks (due an hour later) in the store during the run.
     pub pending: u64,
+    /// CANCELLED tasks past their retention horizon written before the run.
+    pub ended: u64,
+    /// Whether the node ran retention.
+    pub retention: bool,
+    /// Of the `ended` tasks, how many retention removed from the start of
+    /// the run to its end, and how long that was (s).
+    pub removed_during_run: u64,
+    pub removal_window_s: f64,
     /// Workers.
     pub workers: usize,
     /// Slots per worker.
@@ -72,7 +80,20 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         rig.stop().await;
         return Err(err);
     }
+    if args.ended > 0
+        && let Err(err) = fill_ended(&rig, args.ended).await
+    {
+        rig.stop().await;
+        return Err(err);
+    }
+    let window = std::time::Instant::now();
     let result = measure(&rig, tasks, rate).await;
+    let left = if args.ended > 0 {
+        count_state(&rig, taskmesh_core::TaskState::Cancelled).await
+    } else {
+        Ok(0)
+    };
+    let removal_window_s = window.elapsed().as_secs_f64();
     let store = rig.store_label.clone();
     rig.stop().await;
     Ok(LatencyReport {
@@ -81,6 +102,10 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         rate,
         duration_s: args.duration.as_secs_f64(),
         pending: args.pending,
+        ended: args.ended,
+        retention: !args.no_retention,
+        removed_during_run: args.ended.saturating_sub(left?),
+        removal_window_s,
         workers: args.workers,
         worker_concurrency: args.worker_concurrency,
         workers_as: args.workers_as,
@@ -153,6 +178,53 @@ async fn fill_pending(rig: &Rig, pending: u64, batch: usize) -> anyhow::Result<(
     }
     bar.finish_and_clear();
     Ok(())
+}
+
+/// Writes `ended` CANCELLED tasks that ended 30 days ago, straight into
+/// the node's store (1,000 per create and per cancel).
+async fn fill_ended(rig: &Rig, ended: u64) -> anyhow::Result<()> {
+    let store = rig.node.store.clone();
+    let past = taskmesh_core::Clock::now_millis(&taskmesh_core::SystemClock) - 30 * 24 * 3_600_000;
+    let mut bar = load::progress(ended, "ended");
+    let mut done = 0u64;
+    while done < ended {
+        let n = (ended - done).min(1_000) as usize;
+        let tasks = (0..n)
+            .map(|_| (taskmesh_core::NewTask::new("echo", past), String::new()))
+            .collect();
+        let mut events = Vec::with_capacity(n);
+        for created in store.create_tasks(tasks, past).await? {
+            let cancel = taskmesh_core::Event::Cancel {
+                reason: "bench: ended long ago".into(),
+            };
+            events.push((created?.task.id, cancel));
+        }
+        for r in store.transition_many(&events, past, None).await? {
+            r?;
+        }
+        done += n as u64;
+        bar.set_position(done);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// How many tasks are in `state` (paging through the store, 1,000 a page).
+async fn count_state(rig: &Rig, state: taskmesh_core::TaskState) -> anyhow::Result<u64> {
+    let mut filter = taskmesh_store::TaskFilter {
+        state: Some(state),
+        limit: 1_000,
+        ..taskmesh_store::TaskFilter::default()
+    };
+    let mut n = 0u64;
+    loop {
+        let page = rig.node.store.list_tasks(&filter).await?;
+        n += page.tasks.len() as u64;
+        match page.next_before_id {
+            Some(id) => filter.before_id = Some(id),
+            None => return Ok(n),
+        }
+    }
 }
 
 /// Sends `tasks` arrivals at `rate` to `namespace`; returns each id with
@@ -271,6 +343,19 @@ pub fn print(r: &LatencyReport) {
         (
             "PENDING tasks (due in an hour)".into(),
             r.pending.to_string(),
+        ),
+        (
+            "ended tasks past their horizon / retention".into(),
+            format!("{} / {}", r.ended, if r.retention { "on" } else { "off" }),
+        ),
+        (
+            "removed by retention during the run".into(),
+            format!(
+                "{} in {:.1} s ({:.0}/s)",
+                r.removed_during_run,
+                r.removal_window_s,
+                r.removed_during_run as f64 / r.removal_window_s.max(1e-9)
+            ),
         ),
         (
             "generator late (due → sent) p50/p90/p99/max ms".into(),

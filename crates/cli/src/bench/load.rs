@@ -83,6 +83,15 @@ pub struct LoadArgs {
     /// the run, so it measures beside that many PENDING rows.
     #[arg(long, default_value_t = 0)]
     pub pending: u64,
+    /// `latency`: this many CANCELLED tasks that ended 30 days ago (past
+    /// every default retention horizon) are written before the run, so it
+    /// measures beside the leader's retention removing them.
+    #[arg(long, default_value_t = 0)]
+    pub ended: u64,
+    /// The node keeps every ended task (no retention): the quiet baseline
+    /// for `--ended`.
+    #[arg(long)]
+    pub no_retention: bool,
     /// `workers`: how many workers the extra process connects, each on a
     /// connection of its own.
     #[arg(long, default_value_t = super::fleet::DEFAULT_FLEET)]
@@ -250,6 +259,9 @@ impl Rig {
         let mut opts = NodeOptions::new();
         // A benchmark measures the machine, not the per-namespace quotas.
         opts.dispatcher.quotas = taskmesh_dispatcher::quota::QuotaOptions::unlimited();
+        if args.no_retention {
+            opts.scheduler.retention = taskmesh_scheduler::retention::Retention::keep_all();
+        }
         // Nor the per-client connection limit: every connection of a bench
         // comes from 127.0.0.1 (`--scenario workers` opens up to 10,000).
         opts.conn_limits.max_total = 16_384;
