@@ -181,7 +181,8 @@ async fn fill_pending(rig: &Rig, pending: u64, batch: usize) -> anyhow::Result<(
 }
 
 /// Writes `ended` CANCELLED tasks that ended 30 days ago, straight into
-/// the node's store (1,000 per create and per cancel).
+/// the node's store (1,000 per create and per cancel), of a handler no
+/// worker serves.
 async fn fill_ended(rig: &Rig, ended: u64) -> anyhow::Result<()> {
     let store = rig.node.store.clone();
     let past = taskmesh_core::Clock::now_millis(&taskmesh_core::SystemClock) - 30 * 24 * 3_600_000;
@@ -190,7 +191,13 @@ async fn fill_ended(rig: &Rig, ended: u64) -> anyhow::Result<()> {
     while done < ended {
         let n = (ended - done).min(1_000) as usize;
         let tasks = (0..n)
-            .map(|_| (taskmesh_core::NewTask::new("echo", past), String::new()))
+            // A handler no bench worker serves: never dispatched.
+            .map(|_| {
+                (
+                    taskmesh_core::NewTask::new("bench-ended", past),
+                    String::new(),
+                )
+            })
             .collect();
         let mut events = Vec::with_capacity(n);
         for created in store.create_tasks(tasks, past).await? {
