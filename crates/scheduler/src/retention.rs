@@ -4,9 +4,9 @@
 //! each), one batch per state per pass, after the round's promotions and
 //! fires; and each schedule's fire history is trimmed to its newest
 //! `fire_history` records (`Store::trim_fires`), a page of
-//! [`SCHEDULES_PER_PASS`] schedules per pass, round robin. A pass that found a full batch comes again after [`BUSY_PAUSE`],
-//! otherwise after [`IDLE_PAUSE`], so removal never holds the store for
-//! long. Deletes carry no fencing token: a deposed leader removing rows
+//! [`SCHEDULES_PER_PASS`] schedules per pass, round robin. A pass that
+//! found a full batch comes again after [`BUSY_PAUSE`], otherwise after
+//! [`IDLE_PAUSE`], so removal never holds the store for long. Deletes carry no fencing token: a deposed leader removing rows
 //! past their horizon removes what the new leader would.
 
 use std::time::Duration;
