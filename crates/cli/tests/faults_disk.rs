@@ -106,6 +106,12 @@ fn ballast(path: &Path, leave: u64) {
     f.sync_all().unwrap();
 }
 
+/// Waits (60 s at most) until task `id` SUCCEEDED; returns it.
+async fn succeeded(api: &TaskApiClient<Channel>, id: &str) -> pb::Task {
+    taskmesh_testkit::wait_task_state(api, id, pb::TaskState::Succeeded, Duration::from_secs(60))
+        .await
+}
+
 /// What the submit loops share: a stop flag and the refusals seen so far.
 #[derive(Default)]
 struct Shared {
@@ -234,13 +240,7 @@ async fn a_full_disk_refuses_submits_clearly_loses_nothing_and_resumes_by_itself
     // Every accepted task succeeds, exactly once.
     let mut executions_beyond = 0u32;
     for id in &accepted {
-        let t = taskmesh_testkit::wait_task_state(
-            &api,
-            id,
-            pb::TaskState::Succeeded,
-            Duration::from_secs(60),
-        )
-        .await;
+        let t = succeeded(&api, id).await;
         let succeeded = t
             .attempts
             .iter()
@@ -452,13 +452,7 @@ async fn a_slow_disk_raises_latency_and_loses_nothing() {
     throttle.write_iops(0);
     ids.extend(slow_ids);
     for id in &ids {
-        let t = taskmesh_testkit::wait_task_state(
-            &api,
-            id,
-            pb::TaskState::Succeeded,
-            Duration::from_secs(60),
-        )
-        .await;
+        let t = succeeded(&api, id).await;
         assert_eq!(ledger.count(id), 1, "task {id} ran once: {t:?}");
     }
     worker.stop().await;
