@@ -185,9 +185,11 @@ async fn a_redis_outage_deposes_the_leader_and_everything_resumes_by_itself() {
     .await;
 
     // ---- Redis comes back, empty ----
+    // Taken before the restart: the node may lead and fire again before
+    // `restart` has seen the server answer.
     let restarted = Instant::now();
-    env.cluster.redis.restart();
     let restarted_ms = now_ms();
+    env.cluster.redis.restart();
     wait_for(
         "the node to lead again",
         Duration::from_secs(20),

@@ -285,10 +285,14 @@ impl Scheduler {
         if lease.is_err() {
             self.coord_failed.store(true, Ordering::Relaxed);
         }
-        let Some(lease) = lease.map_err(|e| e.to_string())? else {
-            // Not leading: no retention pass is due here for a while.
+        if !matches!(lease, Ok(Some(_))) {
+            // Not leading (or coordination is down): no retention pass is
+            // due here for a while, so the wait for the next round does not
+            // end at once for it.
             let later = self.clock.now_millis() + retention::IDLE_PAUSE.as_millis() as i64;
             self.next_retention.store(later, Ordering::Relaxed);
+        }
+        let Some(lease) = lease.map_err(|e| e.to_string())? else {
             return Ok(false);
         };
         let now = self.clock.now_millis();
