@@ -163,6 +163,16 @@ impl Bed {
         leader_index(&self.replicas).await
     }
 
+    /// Heals every cut link; returns when (host clock, ms), how long until
+    /// the service worked again ([`resumed`](Self::resumed)) and the
+    /// load's accepted tasks.
+    async fn heal(&self, load: JoinHandle<Vec<String>>) -> (i64, i64, Vec<String>) {
+        self.net.heal_all();
+        let healed_at = now_ms();
+        let resumed = self.resumed(healed_at).await;
+        (healed_at, resumed, load.await.expect("the load"))
+    }
+
     /// Waits until the service works again after `healed_at` (host clock,
     /// ms): a fire handled after it, and a task submitted to each replica
     /// SUCCEEDED. Returns how long after `healed_at` that was, in ms.
@@ -309,10 +319,7 @@ async fn partition_leader_from_redis() {
     tokio::time::sleep(FAULT_FOR.saturating_sub(cut.elapsed())).await;
     let both = leads_at(old_http).await && leads_at(bed.replicas[new].http_addr()).await;
     assert!(!both, "two replicas report leading during the cut");
-    bed.net.heal_all();
-    let healed_at = now_ms();
-    let resumed = bed.resumed(healed_at).await;
-    let accepted = load.await.expect("the load");
+    let (healed_at, resumed, accepted) = bed.heal(load).await;
     let fenced = fenced_writes(&bed).await;
     let fence = bed.db.fence().await;
     let proof = bed.prove("leader-redis", accepted, cut_at, healed_at).await;
@@ -393,10 +400,7 @@ async fn replica_from_postgres(name: &str, leader_is_victim: bool) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     tokio::time::sleep(FAULT_FOR.saturating_sub(cut.elapsed())).await;
-    bed.net.heal_all();
-    let healed_at = now_ms();
-    let resumed = bed.resumed(healed_at).await;
-    let accepted = load.await.expect("the load");
+    let (healed_at, resumed, accepted) = bed.heal(load).await;
     let gap = bed.longest_fire_gap(cut_at - 2_000, healed_at).await;
     let proof = bed.prove(name, accepted, cut_at, healed_at).await;
     println!(
@@ -463,10 +467,7 @@ async fn half_open_worker() {
     )
     .await;
     tokio::time::sleep(FAULT_FOR.saturating_sub(cut.elapsed())).await;
-    bed.net.heal_all();
-    let healed_at = now_ms();
-    let resumed = bed.resumed(healed_at).await;
-    let mut accepted = load.await.expect("the load");
+    let (healed_at, resumed, mut accepted) = bed.heal(load).await;
     accepted.extend(long);
     let w0_log = bed.cluster.path("worker-w0.log");
     let proof = bed.prove("half-open", accepted, cut_at, healed_at).await;
@@ -511,10 +512,7 @@ async fn symmetric_split() {
     bed.leader_among(&others).await;
     let took_over = cut.elapsed();
     tokio::time::sleep(FAULT_FOR.saturating_sub(cut.elapsed())).await;
-    bed.net.heal_all();
-    let healed_at = now_ms();
-    let resumed = bed.resumed(healed_at).await;
-    let accepted = load.await.expect("the load");
+    let (healed_at, resumed, accepted) = bed.heal(load).await;
     let proof = bed.prove("split", accepted, cut_at, healed_at).await;
     println!(
         "fault symmetric-split: {}; the majority side led {} ms after the split; \
@@ -572,10 +570,7 @@ async fn links_flapping() {
             }
         }
     }
-    bed.net.heal_all();
-    let healed_at = now_ms();
-    let resumed = bed.resumed(healed_at).await;
-    let accepted = load.await.expect("the load");
+    let (healed_at, resumed, accepted) = bed.heal(load).await;
     let proof = bed.prove("flapping", accepted, cut_at, healed_at).await;
     println!(
         "fault links-flapping: {}; {cuts} cuts of 1-3 s over 20 s; resumed {resumed} ms after \
