@@ -9,6 +9,7 @@ use std::{env, fs, path::PathBuf};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/taskmesh/v1/task.proto",
+        "proto/taskmesh/v1/logs.proto",
         "proto/taskmesh/v1/schedule.proto",
         "proto/taskmesh/v1/task_api.proto",
         "proto/taskmesh/v1/dispatcher.proto",

@@ -9,7 +9,9 @@
 # requests in examples/contract/cases.json gets the same verdict from the
 # server, Python's and Node's local validation; the worker registers;
 # 100 tasks submitted by Node all SUCCEEDED (watched, then read back with
-# GetTask, outputs equal to payloads); a failing handler ends FAILED; tasks
+# GetTask, outputs equal to payloads); a failing handler ends FAILED; a
+# Python handler's log lines are followed live and read back (`taskmesh
+# logs`), in both modes; tasks
 # running at SIGTERM are finished by the drain; the worker exits 0; its own
 # count agrees with the Node client's task ids exactly. Then the same in push
 # mode: the worker serves the Worker service, registers its address, runs 100
@@ -132,6 +134,7 @@ worker_token=""
 node_client() { TASKMESH_TOKEN="$client_token" node "$client" "$1" --server "$node_server" "${@:2}"; }
 # Always started with &: exec makes $! the python process itself.
 py_worker() { TASKMESH_TOKEN="$worker_token" exec "$py" "$worker_dir/worker.py" "$@"; }
+tm() { TASKMESH_TOKEN="$client_token" "$bin" "$@" --server "https://$server"; }
 make_token() { # role: prints a new token of namespace default
   TASKMESH_TOKEN="$bootstrap" "$bin" token create --server "https://$server" --role "$1" \
     --name "polyglot-$1"
@@ -206,6 +209,28 @@ check "node: a py.fail task ends FAILED with the handler's message" \
   node_client run --handler py.fail --payload '{"message":"boom","retryable":false}' \
   --expect FAILED --timeout 60
 
+# python_logs IDS_FILE N LIVE: a py.log task of N lines 250 ms apart, its
+# lines followed with `taskmesh logs --follow` (with LIVE=1 the first one
+# must arrive while the task still runs), then read back: "py line i of N"
+# in order. Its id goes to IDS_FILE (the cross-checks count it).
+python_logs() {
+  local ids="$1" n="$2" live="$3" id first_state="" followed=0 line want
+  id="$(tm submit py.log --payload "{\"lines\": $n, \"every_ms\": 250}")" || return 1
+  echo "$id" >>"$ids"
+  while IFS= read -r line; do
+    followed=$((followed + 1))
+    [ -n "$first_state" ] || first_state="$(tm get "$id" | awk '/^state:/ {print $2}')"
+  done < <(TASKMESH_TOKEN="$client_token" timeout 60 "$bin" logs "$id" --follow \
+             --server "https://$server")
+  want="$(for i in $(seq "$n"); do echo "py line $i of $n"; done)"
+  echo "followed $followed lines; the task was ${first_state:-?} at the first"
+  [ "$followed" -eq "$n" ] || return 1
+  [ "$live" != 1 ] || [ "$first_state" = RUNNING ] || return 1
+  diff <(tm logs "$id" | sed 's/^[^]]*\] //') <(echo "$want")
+}
+check "taskmesh logs: a python handler's lines followed live, then read back" \
+  python_logs "$tmp/log-ids" 8 1
+
 drained() {
   node_client submit --handler py.sleep --payload '{"ms":1500}' --count 3 \
     --until RUNNING --timeout 60 --ids-file "$tmp/sleep-ids" || return 1
@@ -250,9 +275,9 @@ sys.exit(1 if problems else 0)
 PY
 }
 cross_check() {
-  cat "$tmp/echo-ids" "$tmp/sleep-ids" >"$tmp/succeeded-ids"
+  cat "$tmp/echo-ids" "$tmp/sleep-ids" "$tmp/log-ids" >"$tmp/succeeded-ids"
   compare_stats worker "$tmp/worker-stats.json" "$tmp/succeeded-ids" \
-    '{"succeeded": 103, "failed": 1, "results_accepted": 104, "results_refused": 0, "rejected": 0, "sessions": 1}'
+    '{"succeeded": 104, "failed": 1, "results_accepted": 105, "results_refused": 0, "rejected": 0, "sessions": 1}'
 }
 check "python: the worker's own count matches the node client's tasks" cross_check
 
@@ -268,6 +293,8 @@ check "node: the python push-mode worker is registered (ListWorkers)" \
 check "node: 100 py.echo tasks SUCCEEDED through Worker.Execute (push mode)" \
   node_client run --handler py.echo --count 100 --check-echo --timeout 120 \
   --ids-file "$tmp/push-ids"
+check "taskmesh logs: a python push-mode handler's lines (ReportLogs) read back" \
+  python_logs "$tmp/push-ids" 4 0
 push_exit() {
   kill -TERM "$worker_pid"
   worker_exit push-worker.log
@@ -275,7 +302,7 @@ push_exit() {
 check "python: the push-mode worker deregistered and exited 0" push_exit
 push_cross_check() {
   compare_stats "push worker" "$tmp/push-stats.json" "$tmp/push-ids" \
-    '{"succeeded": 100, "results_accepted": 100, "results_refused": 0, "sessions": 1}'
+    '{"succeeded": 101, "results_accepted": 101, "results_refused": 0, "sessions": 1}'
 }
 check "python: the push-mode worker's own count matches the node client's tasks" push_cross_check
 

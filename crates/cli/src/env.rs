@@ -89,6 +89,10 @@ pub const RETENTION_FAILED: &str = "TASKMESH_RETENTION_FAILED";
 pub const RETENTION_TIMED_OUT: &str = "TASKMESH_RETENTION_TIMED_OUT";
 /// Fire records kept per schedule (`serve`).
 pub const FIRE_HISTORY: &str = "TASKMESH_FIRE_HISTORY";
+/// Task log lines kept per attempt (`serve`).
+pub const LOG_MAX_LINES: &str = "TASKMESH_LOG_MAX_LINES";
+/// Task log bytes kept per attempt (`serve`).
+pub const LOG_MAX_BYTES: &str = "TASKMESH_LOG_MAX_BYTES";
 /// How long CANCELLED tasks are kept (`serve`).
 pub const RETENTION_CANCELLED: &str = "TASKMESH_RETENTION_CANCELLED";
 /// Redis URL for cluster coordination (`serve`); unset means a single node.

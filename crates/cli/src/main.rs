@@ -4,6 +4,8 @@ mod bench;
 mod client;
 mod ledger;
 mod logging;
+mod logs_cmd;
+mod retention_cmd;
 mod schedule_cmd;
 mod token_cmd;
 
@@ -37,7 +39,7 @@ enum Command {
     /// Run a node: the gRPC API and dispatcher, the scheduler and the HTTP port.
     Serve(ServeArgs),
     /// Run a node with an in-process worker serving the built-in handlers
-    /// (echo, sleep, fail): the one-command demo.
+    /// (echo, sleep, fail, log): the one-command demo.
     Dev(ServeArgs),
     /// Run a worker with the built-in handlers against one or more servers:
     /// over a stream (default), or in push mode with --push-listen.
@@ -50,8 +52,12 @@ enum Command {
     List(client::ListArgs),
     /// Cancel a task.
     Cancel(client::CancelArgs),
+    /// Print a task's log lines; --follow prints new ones until it ends.
+    Logs(logs_cmd::LogsArgs),
     /// Manage API tokens: create (the secret is printed once), list, revoke.
     Token(token_cmd::TokenArgs),
+    /// Show or set how long ended tasks are kept, per namespace and handler.
+    Retention(retention_cmd::RetentionArgs),
     /// Manage schedules (cron, fixed rate, fixed delay).
     Schedule(schedule_cmd::ScheduleArgs),
     /// Run a benchmark scenario and report what it measured.
@@ -160,6 +166,14 @@ struct ServeArgs {
     /// by the leader, in batches).
     #[arg(long, env = env::FIRE_HISTORY, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     fire_history: u32,
+    /// Task log lines kept per attempt; later lines are refused and the
+    /// attempt's log is marked truncated.
+    #[arg(long, env = env::LOG_MAX_LINES, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    log_max_lines: u64,
+    /// Task log text kept per attempt, in bytes (default 1 MiB); as
+    /// --log-max-lines.
+    #[arg(long, env = env::LOG_MAX_BYTES, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    log_max_bytes: u64,
     /// A schedule fire time further behind than this when handled counts as
     /// missed, and the schedule's misfire policy applies.
     #[arg(long, env = env::MISFIRE_THRESHOLD, default_value = "5s", value_parser = humantime::parse_duration)]
@@ -268,7 +282,7 @@ struct WorkerArgs {
     #[command(flatten)]
     tls: taskmesh_cli::tls::ClientTlsFiles,
     /// Built-in handlers to serve, comma-separated (echo, sleep, fail).
-    #[arg(long, env = env::HANDLERS, value_delimiter = ',', default_value = "echo,sleep,fail")]
+    #[arg(long, env = env::HANDLERS, value_delimiter = ',', default_value = "echo,sleep,fail,log")]
     handlers: Vec<String>,
     /// Tasks run at once.
     #[arg(long, env = env::CONCURRENCY, default_value_t = 8)]
@@ -342,8 +356,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Get(args) => client::get(args).await,
         Command::List(args) => client::list(args).await,
         Command::Cancel(args) => client::cancel(args).await,
+        Command::Logs(args) => logs_cmd::run(args).await,
         Command::Token(args) => token_cmd::run(args).await,
         Command::Schedule(args) => schedule_cmd::run(args).await,
+        Command::Retention(args) => retention_cmd::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Openapi => {
             let document = taskmesh_gateway::openapi::document()?;
@@ -388,6 +404,10 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
     opts.scheduler.poll_interval = args.poll_interval;
     opts.scheduler.misfire_threshold = args.misfire_threshold;
     opts.scheduler.retention = retention;
+    opts.dispatcher.logs.cap = taskmesh_core::logs::LogCap {
+        lines: args.log_max_lines,
+        bytes: args.log_max_bytes,
+    };
     opts.scheduler.fault_hold_round = std::env::var_os(env::FAULT_HOLD_ROUND).map(PathBuf::from);
     opts.dispatcher.balancer = BalancerOptions {
         default: args.balancer_default,

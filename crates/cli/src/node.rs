@@ -383,6 +383,8 @@ pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
         reaped_tx,
     );
     let mut dispatcher_opts = opts.dispatcher.clone();
+    // What Admin.GetRetention shows is what the scheduler applies.
+    dispatcher_opts.retention = opts.scheduler.retention.horizons_ms();
     dispatcher_opts.egress = opts.egress.clone();
     let dispatcher = Dispatcher::build(
         dispatcher_opts,

@@ -123,9 +123,14 @@ pub fn init_tracing(filter: &str, json: bool, service: &str) -> TracingGuard {
                     && *m.level() <= tracing::Level::DEBUG
             }))
     });
+    // Events a handler emits on its own task (INFO and up) also become
+    // lines of its attempt's task log.
+    let capture =
+        taskmesh_worker::capture_layer().with_filter(tracing_subscriber::filter::LevelFilter::INFO);
     let _ = tracing_subscriber::registry()
         .with(fmt)
         .with(otel)
+        .with(capture)
         .try_init();
     if let Some(err) = problem {
         tracing::warn!(error = %err, "OTLP trace export not started");

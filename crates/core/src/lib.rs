@@ -14,6 +14,8 @@ pub mod clock;
 pub mod egress;
 pub mod error;
 pub mod id;
+pub mod logs;
+pub mod retention;
 pub mod retry;
 pub mod schedule;
 pub mod state;

@@ -1,4 +1,5 @@
-//! `Admin`: API tokens. A token's secret is returned once, at creation;
+//! `Admin`: API tokens, and retention (`retention_api`). A token's secret
+//! is returned once, at creation;
 //! the store keeps its digest. Every creation and revocation is logged
 //! with the token's public id (never the secret) and counted in
 //! `taskmesh_tokens_total{op}`.
@@ -153,6 +154,34 @@ impl pb::admin_server::Admin for AdminService {
         info!(token_id = %id, namespace = %record.namespace, by = %who.principal, "token revoked");
         Ok(Response::new(pb::RevokeTokenResponse {
             token: Some(token_to_pb(&record)),
+        }))
+    }
+
+    async fn get_retention(
+        &self,
+        request: Request<pb::GetRetentionRequest>,
+    ) -> Result<Response<pb::GetRetentionResponse>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let retention = crate::retention_api::get(&self.shared, &namespace).await?;
+        Ok(Response::new(pb::GetRetentionResponse {
+            retention: Some(retention),
+        }))
+    }
+
+    async fn set_retention(
+        &self,
+        request: Request<pb::SetRetentionRequest>,
+    ) -> Result<Response<pb::SetRetentionResponse>, Status> {
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let answer = crate::retention_api::set(
+            &self.shared,
+            &namespace,
+            &who.principal,
+            request.into_inner(),
+        )
+        .await?;
+        Ok(Response::new(pb::SetRetentionResponse {
+            retention: Some(answer),
         }))
     }
 }

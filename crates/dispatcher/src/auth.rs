@@ -195,6 +195,8 @@ pub fn need_of(path: &str, open_reflection: bool) -> Option<Need> {
             "GetTask"
             | "ListTasks"
             | "WatchTask"
+            | "GetTaskLogs"
+            | "WatchTaskLogs"
             | "ListWorkers"
             | "GetSchedule"
             | "ListSchedules"

@@ -50,6 +50,8 @@ pub struct Shared {
     pub breakers: Breakers,
     /// Group commit of ACKs and results.
     pub batcher: Batcher,
+    /// Task log lines, written in batches off the hot path.
+    pub logs: crate::logs::LogWriter,
     /// Group commit of single submits.
     pub submitter: Submitter,
     /// Counters of the engine's work.

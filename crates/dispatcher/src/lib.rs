@@ -15,10 +15,13 @@ mod error;
 mod gauges;
 mod health;
 pub mod layers;
+mod log_api;
+mod logs;
 mod lost;
 mod push;
 pub mod quota;
 mod registry;
+mod retention_api;
 pub mod rules;
 mod schedule_api;
 mod stream;
@@ -47,6 +50,7 @@ pub use batcher::Batcher;
 pub use engine::{DispatchStats, Shared};
 pub use error::{Error, grpc_code};
 pub use health::HEALTH_SERVICE_NAMES;
+pub use logs::{LOG_LINES_TOTAL, LogOptions, LogWriter};
 pub use lost::RECONNECTED as RELEASE_RECONNECTED;
 pub use push::PushWorkers;
 pub use registry::{Heartbeat, Registration, Registry, Reserved};
@@ -97,6 +101,12 @@ pub struct DispatcherOptions {
     pub egress: taskmesh_core::egress::EgressPolicy,
     /// Quotas and rates per namespace.
     pub quotas: quota::QuotaOptions,
+    /// Task logs: the cap per attempt, the node's write queue.
+    pub logs: LogOptions,
+    /// The server's retention horizons (its `--retention-*` flags), as
+    /// `Admin.GetRetention` shows them; the node sets them from the
+    /// scheduler's, which applies them.
+    pub retention: taskmesh_core::retention::Horizons,
 }
 
 impl Default for DispatcherOptions {
@@ -122,6 +132,8 @@ impl Default for DispatcherOptions {
             },
             egress: taskmesh_core::egress::EgressPolicy::public_only(),
             quotas: quota::QuotaOptions::default(),
+            logs: LogOptions::default(),
+            retention: taskmesh_core::retention::Horizons::default(),
         }
     }
 }
@@ -146,6 +158,7 @@ impl Dispatcher {
     ) -> Self {
         let registry = Registry::new(opts.balancer.clone());
         let ack_hold = opts.ack_hold.min(opts.ack_timeout / 2);
+        let logs = LogWriter::start(store.clone(), opts.logs);
         let drained = Arc::new(std::sync::Mutex::new(engine::Drained::default()));
         let (push_tx, pushes) = mpsc::unbounded_channel();
         let at_submit = submitter::AtSubmit {
@@ -172,6 +185,7 @@ impl Dispatcher {
                 scheduler,
                 breakers,
                 batcher: Batcher::start(store.clone(), clock.clone(), 1_024, ack_hold),
+                logs,
                 submitter: Submitter::start_with(
                     store.clone(),
                     clock.clone(),

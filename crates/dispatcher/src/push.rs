@@ -450,6 +450,42 @@ pub(crate) async fn report(
     })
 }
 
+/// `ReportLogs`: lines of an attempt pushed under `session_id`, queued
+/// for the next log write. NOT_FOUND when the session does not hold the
+/// attempt (it ended or was taken back).
+pub(crate) fn report_logs(
+    shared: &Shared,
+    who: &Identity,
+    req: pb::ReportLogsRequest,
+) -> Result<(), Status> {
+    let logs = req
+        .logs
+        .ok_or_else(|| Status::invalid_argument("logs is required"))?;
+    if req.session_id.is_empty() || logs.execution_id.is_empty() {
+        return Err(Status::invalid_argument(
+            "session_id and logs.execution_id must not be empty",
+        ));
+    }
+    owned_by(shared, who, &req.session_id)?;
+    if !shared.is_assignment_secret(&logs.execution_id, &req.report_secret) {
+        metrics::counter!(crate::auth::AUTH_REFUSED_TOTAL, "reason" => "report_secret")
+            .increment(1);
+        warn!(session_id = %req.session_id, execution_id = %logs.execution_id, "refused: log lines without their assignment's secret");
+        return Err(Status::permission_denied(
+            "report_secret is not the secret of this assignment",
+        ));
+    }
+    if !shared.registry.holds(&req.session_id, &logs.execution_id) {
+        return Err(Status::not_found(format!(
+            "session {:?} does not hold execution {:?} (it ended or was taken back)",
+            req.session_id, logs.execution_id
+        )));
+    }
+    let now = shared.clock.now_millis();
+    shared.logs.offer(crate::logs::batch_of(logs, now));
+    Ok(())
+}
+
 /// `DeregisterPushWorker`: the session takes nothing new and ends once its
 /// running attempts have reported.
 pub(crate) async fn deregister(

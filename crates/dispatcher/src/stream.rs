@@ -188,6 +188,15 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         }))
     }
 
+    async fn report_logs(
+        &self,
+        request: Request<pb::ReportLogsRequest>,
+    ) -> Result<Response<pb::ReportLogsResponse>, Status> {
+        let who = crate::auth::identity(&request);
+        push::report_logs(&self.shared, &who, request.into_inner())?;
+        Ok(Response::new(pb::ReportLogsResponse {}))
+    }
+
     async fn deregister_push_worker(
         &self,
         request: Request<pb::DeregisterPushWorkerRequest>,
@@ -338,6 +347,7 @@ async fn read_loop(
                     committing.push(after);
                 }
             }
+            Some(In::Logs(logs)) => on_logs(shared, session_id, logs),
             Some(In::Draining(d)) => {
                 info!(reason = %d.reason, "worker draining");
                 shared.registry.set_draining(session_id);
@@ -352,6 +362,20 @@ async fn read_loop(
     // take them) and free their slots before the session is dropped.
     while committing.next().await.is_some() {}
     reason
+}
+
+/// Queues a worker's lines of an attempt this session holds; lines of
+/// any other attempt are not stored (a worker writes only its own
+/// attempts' logs).
+pub(crate) fn on_logs(shared: &Shared, session_id: &str, logs: pb::TaskLogs) {
+    if !shared.registry.holds(session_id, &logs.execution_id) {
+        debug!(task_id = %logs.task_id, execution_id = %logs.execution_id, lines = logs.lines.len(), "log lines of an attempt this stream does not hold");
+        metrics::counter!(crate::logs::LOG_LINES_TOTAL, "outcome" => "not_held")
+            .increment(logs.lines.len() as u64);
+        return;
+    }
+    let now = shared.clock.now_millis();
+    shared.logs.offer(crate::logs::batch_of(logs, now));
 }
 
 fn receipt(tx: &StreamTx, task_id: &str, execution_id: &str, result: Result<(), String>) {

@@ -63,7 +63,11 @@ pub(crate) fn page_budget(max_message_bytes: usize) -> usize {
 
 /// Task `id` of `namespace`, or NOT_FOUND — also when it belongs to another
 /// namespace, so a caller learns nothing of tasks it may not see.
-async fn load_in(shared: &Shared, namespace: &str, id: &str) -> Result<TaskRecord, Error> {
+pub(crate) async fn load_in(
+    shared: &Shared,
+    namespace: &str,
+    id: &str,
+) -> Result<TaskRecord, Error> {
     shared
         .store
         .get_task(id)
@@ -85,7 +89,7 @@ fn shown(who: &Identity, t: &TaskRecord) -> pb::Task {
     task
 }
 
-fn task_id_of(text: &str) -> Result<String, Error> {
+pub(crate) fn task_id_of(text: &str) -> Result<String, Error> {
     if text.is_empty() {
         return Err(invalid("task_id must not be empty"));
     }
@@ -459,6 +463,25 @@ impl pb::task_api_server::TaskApi for TaskApiService {
     }
 
     type WatchTaskStream = WatchStream;
+    type WatchTaskLogsStream = crate::log_api::LogStream;
+
+    async fn get_task_logs(
+        &self,
+        request: Request<pb::GetTaskLogsRequest>,
+    ) -> Result<Response<pb::GetTaskLogsResponse>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let page = crate::log_api::get(&self.shared, &namespace, request.into_inner()).await?;
+        Ok(Response::new(page))
+    }
+
+    async fn watch_task_logs(
+        &self,
+        request: Request<pb::WatchTaskLogsRequest>,
+    ) -> Result<Response<Self::WatchTaskLogsStream>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let stream = crate::log_api::watch(&self.shared, &namespace, request.into_inner()).await?;
+        Ok(Response::new(stream))
+    }
 
     async fn watch_task(
         &self,

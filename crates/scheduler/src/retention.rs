@@ -1,5 +1,7 @@
-//! Retention, on the leader: tasks that ended longer ago than their state's
-//! horizon are removed (with their attempts and delivered callbacks) in
+//! Retention, on the leader: tasks that ended longer ago than their
+//! horizon — their handler's or namespace's (set through the API,
+//! `Store::set_retention`), else the server's for their state — are
+//! removed (with their attempts, delivered callbacks and logs) in
 //! bounded batches (`Store::remove_ended`, one short write transaction
 //! each), one batch per state per pass, after the round's promotions and
 //! fires; and each schedule's fire history is trimmed to its newest
@@ -18,6 +20,12 @@ use taskmesh_store::Store;
 pub const BUSY_PAUSE: Duration = Duration::from_secs(1);
 /// Pause after a pass that removed all there was.
 pub const IDLE_PAUSE: Duration = Duration::from_secs(5);
+
+/// The horizon that keeps tasks (the server keeps a state forever, but a
+/// namespace or handler set a horizon for it): far enough that nothing
+/// ever ended that long ago, near enough that subtracting it from a time
+/// cannot overflow.
+pub const KEEP_MS: i64 = i64::MAX / 4;
 
 /// How long ended tasks are kept, per terminal state; `None` keeps them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +73,19 @@ impl Retention {
         }
     }
 
+    /// The horizons in milliseconds, in `core::retention::TERMINAL` order.
+    pub fn horizons_ms(&self) -> taskmesh_core::retention::Horizons {
+        let ms = |d: Option<Duration>| {
+            d.map(|d| i64::try_from(d.as_millis()).unwrap_or(KEEP_MS).min(KEEP_MS))
+        };
+        taskmesh_core::retention::Horizons([
+            ms(self.succeeded),
+            ms(self.failed),
+            ms(self.timed_out),
+            ms(self.cancelled),
+        ])
+    }
+
     /// Each terminal state with its horizon.
     pub fn horizons(&self) -> [(TaskState, Option<Duration>); 4] {
         [
@@ -88,13 +109,18 @@ pub async fn pass(
 ) -> taskmesh_store::Result<(u64, bool)> {
     let mut removed = 0;
     let mut more = false;
+    // A small table: the horizons set per namespace and handler.
+    let rules = store.retention_rules(None).await?;
     for (state, horizon) in retention.horizons() {
-        let Some(horizon) = horizon else { continue };
-        let before = now
-            - i64::try_from(horizon.as_millis())
-                .unwrap_or(i64::MAX)
-                .min(now);
-        let n = store.remove_ended(state, before, retention.batch).await?;
+        let default_ms = match horizon {
+            Some(h) => i64::try_from(h.as_millis()).unwrap_or(KEEP_MS).min(KEEP_MS),
+            // Kept by the server: only tasks with a horizon of their own go.
+            None if rules.iter().any(|r| r.state == state) => KEEP_MS,
+            None => continue,
+        };
+        let n = store
+            .remove_ended(state, now, default_ms, retention.batch)
+            .await?;
         if n > 0 {
             metrics::counter!(crate::meters::RETENTION_REMOVED, "kind" => "tasks", "state" => state.as_str())
                 .increment(n);

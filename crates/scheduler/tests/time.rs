@@ -713,6 +713,107 @@ async fn retention_removes_ended_tasks_past_their_horizon_and_nothing_else() {
     );
 }
 
+/// Horizons set for a namespace and for a handler (through the store, as
+/// `Admin.SetRetention` does) decide over the server's on the leader's
+/// rounds, also for a state the server keeps forever.
+#[tokio::test]
+async fn retention_follows_namespace_and_handler_horizons_on_the_fake_clock() {
+    use taskmesh_core::retention::Horizons;
+    let f = fixture_with(SchedulerOptions {
+        retention: taskmesh_scheduler::retention::Retention {
+            cancelled: Some(std::time::Duration::from_secs(600)),
+            ..taskmesh_scheduler::retention::Retention::keep_all()
+        },
+        ..SchedulerOptions::default()
+    })
+    .await;
+    let horizons = |state: TaskState, ms: i64| {
+        let mut h = Horizons::default();
+        h.set(state, Some(ms));
+        h
+    };
+    // The namespace keeps CANCELLED tasks 30 min; its handler "brief" 2 min;
+    // the server keeps FAILED forever, but "brief" only 1 min.
+    f.store
+        .set_retention("long", "", &horizons(TaskState::Cancelled, 30 * MIN))
+        .await
+        .unwrap();
+    let mut brief = horizons(TaskState::Cancelled, 2 * MIN);
+    brief.set(TaskState::Failed, Some(MIN));
+    f.store
+        .set_retention("long", "brief", &brief)
+        .await
+        .unwrap();
+    let ended = |namespace: &'static str, handler: &'static str, fail: bool| {
+        let store = f.store.clone();
+        async move {
+            let task = NewTask {
+                namespace: namespace.into(),
+                ..NewTask::new(handler, T0)
+            };
+            let t = store.create_task(task, "fp", T0).await.unwrap().task;
+            let exec = format!("exec-{}", t.id);
+            let events = if fail {
+                vec![
+                    Event::Dispatch {
+                        execution_id: exec.clone(),
+                        worker_id: "w".into(),
+                        ack_deadline: T0 + MIN,
+                    },
+                    Event::Ack {
+                        execution_id: exec.clone(),
+                        at: None,
+                    },
+                    Event::Fail {
+                        execution_id: exec,
+                        message: "planned".into(),
+                        retryable: false,
+                        jitter: 0.0,
+                    },
+                ]
+            } else {
+                vec![Event::Cancel {
+                    reason: "stop".into(),
+                }]
+            };
+            for event in &events {
+                store.transition(&t.id, event, T0).await.unwrap();
+            }
+            let t = store.get_task(&t.id).await.unwrap().unwrap();
+            assert!(t.state.is_terminal(), "{:?}", t.state);
+            t.id
+        }
+    };
+    let plain = ended("default", "echo", false).await;
+    let long = ended("long", "echo", false).await;
+    let quick = ended("long", "brief", false).await;
+    let quick_failed = ended("long", "brief", true).await;
+    let other_failed = ended("long", "echo", true).await;
+    let exists = |id: &String| {
+        let store = f.store.clone();
+        let id = id.clone();
+        async move { store.get_task(&id).await.unwrap().is_some() }
+    };
+
+    f.round_at(T0 + 3 * MIN).await;
+    assert!(!exists(&quick).await, "the handler's 2 min passed");
+    assert!(
+        !exists(&quick_failed).await,
+        "FAILED: the handler's 1 min passed"
+    );
+    assert!(exists(&plain).await && exists(&long).await);
+    f.round_at(T0 + 11 * MIN).await;
+    assert!(!exists(&plain).await, "the server's 10 min passed");
+    assert!(exists(&long).await, "the namespace keeps it 30 min");
+    f.round_at(T0 + 31 * MIN).await;
+    assert!(!exists(&long).await, "the namespace's 30 min passed");
+    f.round_at(T0 + 400 * 24 * 60 * MIN).await;
+    assert!(
+        exists(&other_failed).await,
+        "FAILED without a horizon anywhere: kept"
+    );
+}
+
 /// Fire history beyond a schedule's newest `fire_history` records is
 /// trimmed by the leader's retention pass, the newest kept.
 #[tokio::test]

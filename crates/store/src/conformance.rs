@@ -86,6 +86,8 @@ macro_rules! store_conformance_suite {
             cluster_key_is_made_once,
             retention_removes_only_ended_tasks_past_their_horizon,
             fire_history_is_trimmed_to_the_newest,
+            task_logs_are_kept_per_attempt_within_the_cap,
+            retention_follows_namespace_and_handler_horizons,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -229,6 +231,7 @@ pub mod cluster;
 mod create_list;
 mod fence;
 mod lifecycle;
+mod logs;
 mod namespaces;
 mod retention;
 mod schedules;
@@ -259,12 +262,14 @@ pub use lifecycle::{
     create_get_round_trip, full_life_records_attempts, missing_task_not_found,
     stale_execution_refused, terminal_stays_terminal,
 };
+pub use logs::task_logs_are_kept_per_attempt_within_the_cap;
 pub use namespaces::{
     cluster_key_is_made_once, namespaces_keep_tasks_apart, schedules_list_by_namespace,
     tokens_are_stored_listed_and_revoked,
 };
 pub use retention::{
-    fire_history_is_trimmed_to_the_newest, retention_removes_only_ended_tasks_past_their_horizon,
+    fire_history_is_trimmed_to_the_newest, retention_follows_namespace_and_handler_horizons,
+    retention_removes_only_ended_tasks_past_their_horizon,
 };
 pub use schedules::{
     awaiting_run_end_lists_fixed_delay_waiters, due_schedules_and_next_due,

@@ -30,6 +30,7 @@ pub mod urls;
 mod wake;
 
 use async_trait::async_trait;
+use taskmesh_core::logs::{AttemptLogs, LogBatch, LogCap, LogEntry, LogQuery};
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
 use taskmesh_core::{
     CallbackJob, CallbackOutcome, Clock, Event, NewTask, SystemClock, TaskRecord, TaskState,
@@ -45,8 +46,8 @@ pub use postgres::{PostgresOptions, PostgresStore};
 pub use sqlite::{SqliteOptions, SqliteStore};
 pub(crate) use types::existing_or_taken;
 pub use types::{
-    Chooser, Claim, Created, FireCommit, FireCommitted, ScheduleChange, TaskChange, TaskFilter,
-    TaskPage, claim_scan,
+    Chooser, Claim, Created, FireCommit, FireCommitted, LogsAppended, ScheduleChange, TaskChange,
+    TaskFilter, TaskPage, claim_scan,
 };
 
 /// Result of store operations.
@@ -128,17 +129,61 @@ pub trait Store: Send + Sync + 'static {
     /// One task with its attempts, oldest first.
     async fn get_task(&self, id: &str) -> Result<Option<TaskRecord>>;
 
+    /// Task logs: stores each batch's lines under the attempt its
+    /// execution id names, numbered after the lines the attempt already
+    /// has, within `cap` per attempt (its first lines are kept, later ones
+    /// only counted as truncated), and adds the worker's dropped count.
+    /// Lines of an execution the store does not know are counted, not
+    /// stored. Every batch in one write.
+    async fn append_logs(&self, batches: &[LogBatch], cap: LogCap) -> Result<LogsAppended>;
+
+    /// Task logs: what each attempt of task `id` kept (by attempt), and up
+    /// to `query.limit` of its lines after `query.after`, by attempt then
+    /// seq. A task that is not there has neither.
+    async fn task_logs(
+        &self,
+        id: &str,
+        query: &LogQuery,
+    ) -> Result<(Vec<AttemptLogs>, Vec<LogEntry>)>;
+
     /// Retention: removes up to `limit` tasks in the terminal `state` that
-    /// ended before `ended_before`, the oldest first, with their attempts
-    /// and callbacks — never one whose callback is still to be delivered,
-    /// never a task that is not terminal. Returns how many went. A
-    /// non-terminal `state` is [`Error::InvalidArgument`].
+    /// ended longer before `now` than their horizon — their handler's
+    /// (`set_retention`), else their namespace's, else
+    /// `default_horizon_ms` — the oldest first, with their attempts,
+    /// callbacks and logs; never one whose callback is still to be
+    /// delivered, never a task that is not terminal. Returns how many went.
+    /// A non-terminal `state` is [`Error::InvalidArgument`].
     async fn remove_ended(
         &self,
         state: TaskState,
-        ended_before: UnixMillis,
+        now: UnixMillis,
+        default_horizon_ms: i64,
         limit: usize,
     ) -> Result<u64>;
+
+    /// Retention: replaces the horizons of `namespace`'s `handler` (`""`:
+    /// the namespace's own); unset ones inherit.
+    async fn set_retention(
+        &self,
+        namespace: &str,
+        handler: &str,
+        horizons: &taskmesh_core::retention::Horizons,
+    ) -> Result<()>;
+
+    /// Retention: the horizons set, of `namespace` or of all, by
+    /// namespace, handler and state.
+    async fn retention_rules(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<taskmesh_core::retention::RetentionRule>>;
+
+    /// Retention: the first-created task kept in `namespace` and `state`,
+    /// with when it ended.
+    async fn oldest_ended(
+        &self,
+        namespace: &str,
+        state: TaskState,
+    ) -> Result<Option<(String, Option<UnixMillis>)>>;
 
     /// A page of tasks, newest first, attempts left empty.
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage>;

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use taskmesh_core::auth::TokenRecord;
+use taskmesh_core::logs::{AttemptLogs, LogBatch, LogCap, LogEntry, LogQuery};
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
 use taskmesh_core::{
     CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, TaskState, UnixMillis,
@@ -89,17 +90,59 @@ impl<S: Store> Store for Metered<S> {
         timed("get_task", self.inner.get_task(id)).await
     }
 
+    async fn append_logs(&self, batches: &[LogBatch], cap: LogCap) -> Result<crate::LogsAppended> {
+        timed("append_logs", self.inner.append_logs(batches, cap)).await
+    }
+
+    async fn task_logs(
+        &self,
+        id: &str,
+        query: &LogQuery,
+    ) -> Result<(Vec<AttemptLogs>, Vec<LogEntry>)> {
+        timed("task_logs", self.inner.task_logs(id, query)).await
+    }
+
     async fn remove_ended(
         &self,
         state: TaskState,
-        ended_before: UnixMillis,
+        now: UnixMillis,
+        default_horizon_ms: i64,
         limit: usize,
     ) -> Result<u64> {
         timed(
             "remove_ended",
-            self.inner.remove_ended(state, ended_before, limit),
+            self.inner
+                .remove_ended(state, now, default_horizon_ms, limit),
         )
         .await
+    }
+
+    async fn set_retention(
+        &self,
+        namespace: &str,
+        handler: &str,
+        horizons: &taskmesh_core::retention::Horizons,
+    ) -> Result<()> {
+        timed(
+            "set_retention",
+            self.inner.set_retention(namespace, handler, horizons),
+        )
+        .await
+    }
+
+    async fn retention_rules(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<taskmesh_core::retention::RetentionRule>> {
+        timed("retention_rules", self.inner.retention_rules(namespace)).await
+    }
+
+    async fn oldest_ended(
+        &self,
+        namespace: &str,
+        state: TaskState,
+    ) -> Result<Option<(String, Option<UnixMillis>)>> {
+        timed("oldest_ended", self.inner.oldest_ended(namespace, state)).await
     }
 
     async fn trim_fires(&self, schedule_id: &str, keep: u32, limit: usize) -> Result<u64> {

@@ -205,3 +205,15 @@ pub(crate) fn existing_or_taken(
 pub fn claim_scan(limit: usize) -> usize {
     limit.saturating_mul(4).saturating_add(32).min(4_096)
 }
+
+/// What `Store::append_logs` kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogsAppended {
+    /// Lines stored.
+    pub stored: u64,
+    /// Lines refused by the cap.
+    pub truncated: u64,
+    /// Lines of executions the store does not know (no such attempt, or
+    /// its task is gone).
+    pub unknown: u64,
+}

@@ -22,6 +22,7 @@ pub mod callbacks;
 pub mod cluster;
 pub mod db;
 pub mod http;
+pub mod logs;
 pub mod metrics;
 pub mod netns;
 pub mod node;

@@ -1,4 +1,4 @@
-//! Demo and benchmark handlers: `echo`, `sleep` and `fail`.
+//! Demo and benchmark handlers: `echo`, `sleep`, `fail` and `log`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +9,7 @@ use serde::Deserialize;
 use crate::{Handler, HandlerError, Output, TaskContext};
 
 /// Names of the built-in handlers, for [`builtin`].
-pub const BUILTIN_NAMES: &[&str] = &["echo", "sleep", "fail"];
+pub const BUILTIN_NAMES: &[&str] = &["echo", "sleep", "fail", "log"];
 
 /// The built-in handler called `name`, if any.
 pub fn builtin(name: &str) -> Option<Arc<dyn Handler>> {
@@ -17,6 +17,7 @@ pub fn builtin(name: &str) -> Option<Arc<dyn Handler>> {
         "echo" => Some(Arc::new(Echo)),
         "sleep" => Some(Arc::new(Sleep)),
         "fail" => Some(Arc::new(Fail)),
+        "log" => Some(Arc::new(Log)),
         _ => None,
     }
 }
@@ -46,11 +47,17 @@ struct SleepArgs {
 impl Handler for Sleep {
     async fn run(&self, ctx: TaskContext) -> Result<Output, HandlerError> {
         let args: SleepArgs = parse(&ctx, r#"{"ms": N}"#)?;
+        ctx.log
+            .info(format!("sleeping {} ms (attempt {})", args.ms, ctx.attempt));
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(args.ms)) => {
+                ctx.log.info(format!("slept {} ms", args.ms));
                 Ok(Output::json(format!(r#"{{"slept_ms":{}}}"#, args.ms)))
             }
-            _ = ctx.cancel.cancelled() => Err(HandlerError::retryable("cancelled")),
+            _ = ctx.cancel.cancelled() => {
+                ctx.log.warn("cancelled while sleeping");
+                Err(HandlerError::retryable("cancelled"))
+            }
         }
     }
 }
@@ -76,6 +83,45 @@ impl Handler for Fail {
             )));
         }
         Ok(Output::new(ctx.payload, ctx.content_type))
+    }
+}
+
+/// Logs `{"lines": N}` lines ("line 1 of N", ...), `every_ms` apart
+/// (default 0), then returns `{"logged": N}`; stops early, failing
+/// retryably, when cancelled. With `"tracing": true` the lines are
+/// `tracing` events instead (task lines only where the subscriber has
+/// [`capture_layer`](crate::capture_layer), as `taskmesh worker`'s has).
+/// For tests and demos of task logs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Log;
+
+#[derive(Deserialize)]
+struct LogArgs {
+    lines: u64,
+    #[serde(default)]
+    every_ms: u64,
+    #[serde(default)]
+    tracing: bool,
+}
+
+#[async_trait]
+impl Handler for Log {
+    async fn run(&self, ctx: TaskContext) -> Result<Output, HandlerError> {
+        let args: LogArgs = parse(&ctx, r#"{"lines": N, "every_ms": M, "tracing": false}"#)?;
+        for i in 1..=args.lines {
+            if i > 1 && args.every_ms > 0 {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(args.every_ms)) => {}
+                    _ = ctx.cancel.cancelled() => return Err(HandlerError::retryable("cancelled")),
+                }
+            }
+            if args.tracing {
+                tracing::info!(handler = "log", "line {i} of {}", args.lines);
+            } else {
+                ctx.log.info(format!("line {i} of {}", args.lines));
+            }
+        }
+        Ok(Output::json(format!(r#"{{"logged":{}}}"#, args.lines)))
     }
 }
 
@@ -108,6 +154,7 @@ mod tests {
             trace_context: HashMap::new(),
             labels: HashMap::new(),
             cancel: CancellationToken::new(),
+            log: crate::TaskLog::discard(),
         }
     }
 
@@ -146,7 +193,11 @@ mod tests {
 
     #[tokio::test]
     async fn bad_json_is_fatal() {
-        for (h, handler) in [("sleep", builtin("sleep")), ("fail", builtin("fail"))] {
+        for (h, handler) in [
+            ("sleep", builtin("sleep")),
+            ("fail", builtin("fail")),
+            ("log", builtin("log")),
+        ] {
             let err = handler
                 .unwrap()
                 .run(ctx(h, 1, b"not json"))

@@ -57,21 +57,26 @@ pub(crate) fn spawn<F, Fut>(
         let started = Instant::now();
         // A separate task, so a panic surfaces as a JoinError instead of
         // unwinding through the worker.
-        let result =
-            match tokio::spawn(async move { handler.run(ctx).await }.instrument(span)).await {
-                Ok(result) => result,
-                Err(error) if error.is_panic() => {
-                    let reason = panic_message(error.into_panic());
-                    warn!(
-                        worker_id,
-                        task_id, attempt, execution_id, reason, "handler panicked"
-                    );
-                    Err(HandlerError::retryable(format!(
-                        "handler panicked: {reason}"
-                    )))
-                }
-                Err(_) => Err(HandlerError::retryable("handler task was aborted")),
-            };
+        let log = ctx.log.clone();
+        let result = match tokio::spawn(
+            log.scope(async move { handler.run(ctx).await })
+                .instrument(span),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(error) if error.is_panic() => {
+                let reason = panic_message(error.into_panic());
+                warn!(
+                    worker_id,
+                    task_id, attempt, execution_id, reason, "handler panicked"
+                );
+                Err(HandlerError::retryable(format!(
+                    "handler panicked: {reason}"
+                )))
+            }
+            Err(_) => Err(HandlerError::retryable("handler task was aborted")),
+        };
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         lock(&shared.stats).push(elapsed_ms);
         lock(&shared.running).remove(&execution_id);

@@ -33,6 +33,10 @@ pub struct TaskContext {
     /// Cancelled when the server cancels this execution (or the attempt was
     /// taken back); handlers should stop early when it fires.
     pub cancel: CancellationToken,
+    /// This attempt's log: lines written here are stored with the task
+    /// (`GetTaskLogs`). `tracing` events inside the handler land here too
+    /// when the subscriber has [`capture_layer`](crate::capture_layer).
+    pub log: crate::TaskLog,
 }
 
 impl TaskContext {

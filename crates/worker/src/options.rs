@@ -67,6 +67,9 @@ pub struct WorkerOptions {
     /// TLS for `https://` servers; `None` trusts the public web roots and
     /// presents no client certificate.
     pub tls: Option<ClientTls>,
+    /// Handler log lines buffered while not yet sent; past this the oldest
+    /// go, counted as dropped.
+    pub log_buffer_lines: usize,
 }
 
 /// TLS of the worker's connections to `https://` servers, as PEM bytes:
@@ -114,7 +117,8 @@ impl ClientTls {
 
 impl WorkerOptions {
     /// Options with defaults: a fresh UUIDv4 worker id, the host name, 4 slots,
-    /// weight 1, reconnect 200 ms to 10 s, drain timeout 30 s.
+    /// weight 1, reconnect 200 ms to 10 s, drain timeout 30 s, 10,000
+    /// log lines buffered.
     pub fn new(servers: Vec<String>) -> Self {
         WorkerOptions {
             servers,
@@ -131,6 +135,7 @@ impl WorkerOptions {
             push_listen: None,
             push_advertise: None,
             tls: None,
+            log_buffer_lines: 10_000,
         }
     }
 

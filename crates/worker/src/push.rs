@@ -33,6 +33,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 use tracing::{debug, info, warn};
 
+mod logs;
 mod service;
 
 use crate::Error;
@@ -65,6 +66,8 @@ struct Push {
     /// One lazily connected client per server.
     clients: Mutex<HashMap<String, DispatcherClient<Channel>>>,
     draining: AtomicBool,
+    /// Running attempts whose log lines this worker sends, by execution id.
+    attempts: Mutex<HashMap<String, logs::Held>>,
     /// Given to the servers at registration; they present it on every
     /// `Worker` call, and the service refuses calls without it.
     server_secret: Secret,
@@ -138,6 +141,8 @@ impl Push {
     async fn report(&self, session_id: String, report_secret: String, done: Done) {
         let worker_id = self.worker_id();
         let (task_id, execution_id) = (done.task_id.clone(), done.execution_id.clone());
+        // The attempt's last lines go before its result.
+        self.release(&execution_id).await;
         let Some(server) = self.server_of(&session_id).await else {
             warn!(
                 worker_id,
@@ -264,6 +269,7 @@ pub(crate) async fn run(
         current: Mutex::new(None),
         clients: Mutex::new(HashMap::new()),
         draining: AtomicBool::new(false),
+        attempts: Mutex::new(HashMap::new()),
         server_secret: new_server_secret(),
     });
     let worker_id = shared.opts.worker_id.as_str();
@@ -295,6 +301,9 @@ pub(crate) async fn run(
                 .await
         })
     };
+
+    let stop_logs = CancellationToken::new();
+    let log_flusher = tokio::spawn(logs::flush_loop(push.clone(), stop_logs.clone()));
 
     register_loop(&push, shutdown).await;
 
@@ -335,6 +344,8 @@ pub(crate) async fn run(
         }
     }
     crate::worker::finish(shared).await;
+    stop_logs.cancel();
+    let _ = log_flusher.await;
     stop_serving.cancel();
     match server.await {
         Ok(Ok(())) => {}

@@ -147,6 +147,9 @@ impl Session<'_> {
         let mut ticker = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut shutdown_seen = false;
+        let mut flush = tokio::time::interval(crate::logs::FLUSH_EVERY);
+        flush.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let shared = self.shared;
         loop {
             if self.drain_deadline.is_some() && self.inflight.is_empty() {
                 break;
@@ -184,6 +187,8 @@ impl Session<'_> {
                     break;
                 }
                 _ = ticker.tick() => self.heartbeat().await?,
+                _ = flush.tick() => self.send_logs().await?,
+                () = shared.logs.ready.notified() => self.send_logs().await?,
             }
         }
         let end = self.end;
@@ -303,7 +308,7 @@ impl Session<'_> {
         exec::spawn(
             self.shared,
             handler,
-            context(a, cancel),
+            context(a, cancel, &self.shared.logs),
             permit,
             exec::to_session(self.shared.opts.worker_id.clone(), self.done_tx.clone()),
         );
@@ -338,7 +343,21 @@ impl Session<'_> {
         }
     }
 
+    /// Sends the buffered lines of the attempts this session holds.
+    async fn send_logs(&self) -> Result<(), Error> {
+        let messages = self.shared.logs.take(
+            |e| self.inflight.contains_key(e),
+            |e| lock(&self.shared.running).contains_key(e),
+        );
+        for m in messages {
+            self.send(connect_request::Message::Logs(m)).await?;
+        }
+        Ok(())
+    }
+
     async fn on_done(&mut self, done: Done) -> Result<(), Error> {
+        // The attempt's last lines go before its result.
+        self.send_logs().await?;
         self.inflight.remove(&done.execution_id);
         let result = crate::wire::complete_result(done.result);
         debug!(

@@ -1,5 +1,6 @@
 //! Building and reading contract messages.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use taskmesh::v1::{
@@ -76,8 +77,13 @@ pub(crate) fn request<T>(shared: &Shared, message: T) -> Result<tonic::Request<T
     Ok(request)
 }
 
-pub(crate) fn context(a: TaskAssignment, cancel: CancellationToken) -> TaskContext {
+pub(crate) fn context(
+    a: TaskAssignment,
+    cancel: CancellationToken,
+    logs: &Arc<crate::logs::LogBuffer>,
+) -> TaskContext {
     let payload = a.payload.unwrap_or_default();
+    let log = crate::TaskLog::new(logs.clone(), &a.task_id, &a.execution_id);
     TaskContext {
         task_id: a.task_id,
         attempt: a.attempt,
@@ -90,6 +96,7 @@ pub(crate) fn context(a: TaskAssignment, cancel: CancellationToken) -> TaskConte
         trace_context: a.trace_context,
         labels: a.labels,
         cancel,
+        log,
     }
 }
 

@@ -43,6 +43,8 @@ pub(crate) struct Shared {
     pub(crate) tracker: TaskTracker,
     /// When a shutdown drain must end; set when shutdown is first seen.
     pub(crate) shutdown_deadline: OnceLock<Instant>,
+    /// Handlers' log lines not yet sent.
+    pub(crate) logs: Arc<crate::logs::LogBuffer>,
 }
 
 impl Shared {
@@ -143,6 +145,7 @@ impl Worker {
             running: Mutex::new(HashMap::new()),
             tracker: TaskTracker::new(),
             shutdown_deadline: OnceLock::new(),
+            logs: Arc::new(crate::logs::LogBuffer::new(self.opts.log_buffer_lines)),
             opts: self.opts,
         });
         if let Some(listen) = shared.opts.push_listen {

@@ -82,7 +82,7 @@ async fn registers_first_with_handlers_and_capacity() {
     let conn = server.accept().await;
     let reg = conn.registration();
     assert_eq!(reg.worker_id, worker_id);
-    assert_eq!(reg.handlers, ["echo", "fail", "sleep"]);
+    assert_eq!(reg.handlers, ["echo", "fail", "log", "sleep"]);
     assert_eq!(reg.capacity, 3);
     assert_eq!(reg.weight, 3);
     assert_eq!(reg.labels.get("zone").map(String::as_str), Some("a"));
@@ -108,6 +108,51 @@ async fn echo_acks_then_completes_with_payload() {
         }
         other => panic!("expected success, got {other:?}"),
     }
+    running.stop().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_handlers_lines_are_sent_before_its_result() {
+    let mut server = Server::start(Duration::from_secs(5)).await;
+    let running = start(with_builtins(options(vec![server.addr.clone()], 2)));
+    let mut conn = server.accept().await;
+    conn.assign("e1", "log", 1, br#"{"lines": 3}"#);
+    expect_ack(&mut conn, "e1").await;
+    assert!(matches!(
+        expect_complete(&mut conn, "e1").await,
+        task_complete::Result::Success(_)
+    ));
+    // `next` set the lines aside: all of them came before the result.
+    let lines: Vec<(&str, &str)> = conn
+        .logs
+        .iter()
+        .flat_map(|m| {
+            m.lines
+                .iter()
+                .map(|l| (m.execution_id.as_str(), l.message.as_str()))
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("e1", "line 1 of 3"),
+            ("e1", "line 2 of 3"),
+            ("e1", "line 3 of 3")
+        ]
+    );
+    assert!(
+        conn.logs
+            .iter()
+            .all(|m| m.task_id == "task-e1" && m.dropped == 0)
+    );
+    assert!(
+        conn.logs
+            .iter()
+            .flat_map(|m| &m.lines)
+            .all(|l| l.time.is_some()),
+        "each line carries the time it was logged"
+    );
     running.stop().await;
     server.stop().await;
 }

@@ -3,13 +3,24 @@
 A handler is a plain function `Task -> Output` run on a pool thread. It
 raises `HandlerError` to fail (retryable or not); any other exception is
 reported as a retryable failure. It should watch `task.cancelled`: the
-server cancels attempts it took back or that timed out.
+server cancels attempts it took back or that timed out. It may log with
+`task.log(message, level)`: the worker sends the lines to the server
+(while the task runs and before its result), where they are stored with
+the task's attempt (`GetTaskLogs`, `taskmesh logs ID`).
 """
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict
+from typing import Callable, Dict, List, Tuple
+
+# Lines a task keeps while they wait to be sent; past it the oldest go and
+# are counted as dropped (the server shows the count).
+MAX_BUFFERED_LINES = 10_000
+# The contract's limit on one line, in bytes.
+MAX_LINE_BYTES = 16 * 1024
+LEVELS = ("TRACE", "DEBUG", "INFO", "WARN", "ERROR")
 
 
 class HandlerError(Exception):
@@ -33,6 +44,29 @@ class Task:
     content_type: str
     labels: Dict[str, str]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    _lines: List[Tuple[float, str, str]] = field(default_factory=list)
+    _dropped: int = 0
+    _lines_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def log(self, message: str, level: str = "INFO") -> None:
+        """Adds a line to this attempt's log; never blocks on the network."""
+        if level not in LEVELS:
+            level = "INFO"
+        data = message.encode()
+        if len(data) > MAX_LINE_BYTES:
+            message = data[:MAX_LINE_BYTES - 10].decode(errors="ignore") + " …[cut]"
+        with self._lines_lock:
+            if len(self._lines) >= MAX_BUFFERED_LINES:
+                self._lines.pop(0)
+                self._dropped += 1
+            self._lines.append((time.time(), level, message))
+
+    def take_lines(self) -> Tuple[List[Tuple[float, str, str]], int]:
+        """The lines logged since the last call, and how many were dropped."""
+        with self._lines_lock:
+            lines, dropped = self._lines, self._dropped
+            self._lines, self._dropped = [], 0
+        return lines, dropped
 
 
 @dataclass
@@ -54,9 +88,23 @@ def echo(task: Task) -> Output:
 def sleep(task: Task) -> Output:
     """Sleeps `{"ms": N}` milliseconds, stopping early when cancelled."""
     ms = int(json.loads(task.payload or b"{}").get("ms", 0))
+    task.log(f"sleeping {ms} ms (attempt {task.attempt})")
     if task.cancelled.wait(ms / 1000.0):
+        task.log("cancelled while sleeping", "WARN")
         raise HandlerError("cancelled while sleeping", retryable=True)
+    task.log(f"slept {ms} ms")
     return Output(json.dumps({"slept_ms": ms}).encode(), "application/json")
+
+
+def log_lines(task: Task) -> Output:
+    """Logs `{"lines": N, "every_ms": M}` lines ("py line 1 of N", ...)."""
+    spec = json.loads(task.payload or b"{}")
+    n, every = int(spec.get("lines", 1)), int(spec.get("every_ms", 0))
+    for i in range(1, n + 1):
+        if i > 1 and every and task.cancelled.wait(every / 1000.0):
+            raise HandlerError("cancelled while logging", retryable=True)
+        task.log(f"py line {i} of {n}")
+    return Output(json.dumps({"logged": n}).encode(), "application/json")
 
 
 def fail(task: Task) -> Output:
@@ -65,4 +113,5 @@ def fail(task: Task) -> Output:
     raise HandlerError(spec.get("message", "failed on purpose"), bool(spec.get("retryable", False)))
 
 
-BUILTIN: Dict[str, Handler] = {"echo": echo, "py.echo": echo, "py.sleep": sleep, "py.fail": fail}
+BUILTIN: Dict[str, Handler] = {"echo": echo, "py.echo": echo, "py.sleep": sleep, "py.fail": fail,
+                               "py.log": log_lines}

@@ -9,7 +9,9 @@ SDK's push mode (crates/worker) is the reference.
   refusal (BUSY when every slot is taken or while draining, UNKNOWN_HANDLER).
   The handler runs on the pool after the answer is decided.
 - `ReportResult` sends each result to the replica holding our session; its
-  `recorded.accepted` says whether it was stored or refused as stale.
+  `recorded.accepted` says whether it was stored or refused as stale. The
+  task's log lines go there first with `ReportLogs` (all at the end here:
+  the Rust SDK also sends them while the task runs).
 - `Worker.Cancel` sets the handler's `task.cancelled`; `Worker.Probe`
   answers the server's liveness probe with our load.
 - Who may call us: at registration we give the server a random secret it
@@ -32,8 +34,9 @@ from typing import Dict, Optional
 import grpc
 
 from .handlers import Handler, Task
+from .logs import log_messages
 from .session import CpuIdle, event, run_handler
-from .stubs import dispatcher_pb2_grpc, pb, worker_pb2, worker_pb2_grpc
+from .stubs import dispatcher_pb2_grpc, logs_pb2, pb, worker_pb2, worker_pb2_grpc
 from .worker import DEFAULT_HEARTBEAT, RECONNECT_INITIAL, RECONNECT_MAX, Worker, open_channel
 
 CALL_TIMEOUT = 5.0
@@ -131,7 +134,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
     def run_task(self, handler: Handler, task: Task, session_id: Optional[str]) -> None:
         result = run_handler(self, handler, task)
         complete = pb.TaskComplete(task_id=task.task_id, execution_id=task.execution_id, **result)
-        accepted = self.report(complete, session_id)
+        accepted = self.report(task, complete, session_id)
         with self._lock:
             self.inflight.pop(task.execution_id, None)
             self.report_secrets.pop(task.execution_id, None)
@@ -145,7 +148,24 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
             event(logging.INFO, "report refused", worker_id=self.worker_id, task_id=task.task_id,
                   execution_id=task.execution_id)
 
-    def report(self, complete, session_id: Optional[str]) -> Optional[bool]:
+    def send_logs(self, task: Task, server: str, session_id: Optional[str],
+                  report_secret: str) -> None:
+        """The task's lines, best effort: a refusal only loses lines."""
+        messages = log_messages(task)
+        if not messages:
+            return
+        try:
+            with open_channel(server) as channel:
+                stub = dispatcher_pb2_grpc.DispatcherStub(channel)
+                for m in messages:
+                    stub.ReportLogs(logs_pb2.ReportLogsRequest(
+                        session_id=session_id or "", logs=m, report_secret=report_secret),
+                        metadata=self.metadata(), timeout=CALL_TIMEOUT)
+        except grpc.RpcError as err:
+            event(logging.INFO, "log lines not delivered", worker_id=self.worker_id,
+                  task_id=task.task_id, code=err.code())
+
+    def report(self, task: Task, complete, session_id: Optional[str]) -> Optional[bool]:
         """Sends one result to the server that granted the session it ran
         under; retries while that server is unreachable. None: never delivered
         (the server takes the attempt back when it sees us gone)."""
@@ -153,6 +173,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
             server = self.granted_by.get(session_id or "",
                                          self.servers[self.server_index % len(self.servers)])
             report_secret = self.report_secrets.get(complete.execution_id, "")
+        self.send_logs(task, server, session_id, report_secret)
         for attempt in range(REPORT_ATTEMPTS):
             try:
                 with open_channel(server) as channel:

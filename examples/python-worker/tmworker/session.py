@@ -7,7 +7,8 @@ a drain takes nothing new, finishes what runs, then closes our half.
 
 Threads: gRPC reads the outbound queue through `requests()`; the stream's
 reader thread calls `on_message`; handlers run on the worker's pool; one
-heartbeat thread. Everything shared is guarded by `Session.lock`.
+heartbeat thread; one thread sending running tasks' log lines every
+LOG_FLUSH seconds (a task's last lines go just before its result). Everything shared is guarded by `Session.lock`.
 """
 
 import collections
@@ -18,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Dict, Optional
 
 from .handlers import Handler, HandlerError, Task
+from .logs import log_messages
 from .stubs import pb, task_pb2
 
 if TYPE_CHECKING:
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 
 # How long a closing worker waits for the server to end its half of the stream.
 CLOSE_GRACE = 2.0
+# How often running tasks' log lines are sent.
+LOG_FLUSH = 0.25
 
 log = logging.getLogger("py-worker")
 
@@ -159,6 +163,16 @@ class Session:
                 active=active, cpu_idle_percent=cpu.sample(),
                 avg_cost_ms=self.worker.average_cost_ms()))
 
+    def log_flusher(self) -> None:
+        while not self.ended.wait(LOG_FLUSH):
+            with self.lock:
+                for task in list(self.inflight.values()):
+                    self._send_logs_locked(task)
+
+    def _send_logs_locked(self, task: Task) -> None:
+        for m in log_messages(task):
+            self._send_locked(logs=m)
+
     def on_message(self, message: pb.ConnectResponse) -> None:
         kind = message.WhichOneof("message")
         if kind == "assign":
@@ -246,6 +260,8 @@ class Session:
         result = run_handler(self.worker, handler, task)
         with self.lock:
             self.inflight.pop(task.execution_id, None)
+            # Its last lines go before its result, on the same ordered stream.
+            self._send_logs_locked(task)
             sent = self._send_locked(complete=pb.TaskComplete(
                 task_id=task.task_id, execution_id=task.execution_id, **result))
             if sent:

@@ -166,6 +166,7 @@ class Worker:
               session_id=registered.session_id, heartbeat_ms=int(interval * 1000))
         threading.Thread(target=session.heartbeats, args=(interval,), name="heartbeat",
                          daemon=True).start()
+        threading.Thread(target=session.log_flusher, name="log-flusher", daemon=True).start()
         with self._lock:
             self._session = session
             stopping = self.stopping.is_set()

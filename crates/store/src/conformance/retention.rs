@@ -27,7 +27,7 @@ async fn cancelled(store: &dyn Store, task: NewTask, at: i64) -> String {
 
 async fn remove(store: &dyn Store, state: TaskState, before: i64, limit: usize) -> u64 {
     store
-        .remove_ended(state, before, limit)
+        .remove_ended(state, before, 0, limit)
         .await
         .expect("remove_ended")
 }
@@ -87,7 +87,7 @@ pub async fn retention_removes_only_ended_tasks_past_their_horizon(fixture: &dyn
 
     // Never a live task; a non-terminal state is refused, changing nothing.
     let err = store
-        .remove_ended(TaskState::Ready, i64::MAX, 100)
+        .remove_ended(TaskState::Ready, i64::MAX, 0, 100)
         .await
         .expect_err("READY is not terminal");
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
@@ -167,4 +167,118 @@ pub async fn fire_history_is_trimmed_to_the_newest(fixture: &dyn StoreFixture) {
     assert_eq!(store.trim_fires("quiet", 4, 100).await.expect("trim"), 0);
     assert_eq!(times("quiet").await.len(), 3, "within the cap: untouched");
     assert_eq!(store.trim_fires("missing", 4, 100).await.expect("trim"), 0);
+}
+
+async fn succeeded_in(store: &dyn Store, namespace: &str, handler: &str, at: i64) -> String {
+    let task = NewTask {
+        namespace: namespace.into(),
+        ..new_task(handler)
+    };
+    let t = create(store, task, T0).await;
+    let exec = format!("exec-{namespace}-{handler}");
+    let t = step(store, &t, dispatch(&exec, "w-1", at + 5_000), at - 2).await;
+    let t = step(store, &t, ack(&exec), at - 1).await;
+    step(store, &t, succeed(&exec, b"ok"), at).await.id
+}
+
+/// Horizons set for a namespace, and for one handler within it, decide
+/// over the server's: each task goes by its handler's, else its
+/// namespace's, else the default; the rules read back as set, and setting
+/// none removes them. The oldest kept task of a namespace and state is
+/// the first created.
+pub async fn retention_follows_namespace_and_handler_horizons(fixture: &dyn StoreFixture) {
+    use taskmesh_core::retention::Horizons;
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let mut long = Horizons::default();
+    long.set(TaskState::Succeeded, Some(10_000));
+    long.set(TaskState::Failed, Some(20_000));
+    store
+        .set_retention("long", "", &long)
+        .await
+        .expect("set the namespace's");
+    let mut quick = Horizons::default();
+    quick.set(TaskState::Succeeded, Some(100));
+    store
+        .set_retention("long", "quick", &quick)
+        .await
+        .expect("set a handler's");
+
+    let plain = succeeded_in(store, "default", "keep", T0 + 10).await;
+    let kept = succeeded_in(store, "long", "keep", T0 + 10).await;
+    let fast = succeeded_in(store, "long", "quick", T0 + 10).await;
+    assert_eq!(
+        store
+            .oldest_ended("long", TaskState::Succeeded)
+            .await
+            .expect("oldest"),
+        Some((kept.clone(), Some(T0 + 10))),
+        "the first created of the namespace's SUCCEEDED tasks"
+    );
+    assert_eq!(
+        store
+            .oldest_ended("long", TaskState::Failed)
+            .await
+            .expect("oldest"),
+        None
+    );
+
+    // At T0 + 1,000 with a default of 500 ms: the default task (ended
+    // 990 ms ago) and the quick handler's (horizon 100 ms) go; the long
+    // namespace's other task (horizon 10 s) stays.
+    let n = store
+        .remove_ended(TaskState::Succeeded, T0 + 1_000, 500, 100)
+        .await
+        .expect("remove");
+    assert_eq!(n, 2);
+    assert!(store.get_task(&plain).await.unwrap().is_none());
+    assert!(store.get_task(&fast).await.unwrap().is_none());
+    assert!(store.get_task(&kept).await.unwrap().is_some());
+    let n = store
+        .remove_ended(TaskState::Succeeded, T0 + 10_009, 500, 100)
+        .await
+        .expect("remove");
+    assert_eq!(n, 0, "inside the namespace's horizon by 1 ms");
+    let n = store
+        .remove_ended(TaskState::Succeeded, T0 + 10_011, 500, 100)
+        .await
+        .expect("remove");
+    assert_eq!(n, 1, "past it");
+
+    let rules = store.retention_rules(Some("long")).await.expect("rules");
+    let seen: Vec<(&str, TaskState, i64)> = rules
+        .iter()
+        .map(|r| (r.handler.as_str(), r.state, r.horizon_ms))
+        .collect();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen.contains(&("", TaskState::Succeeded, 10_000)));
+    assert!(seen.contains(&("", TaskState::Failed, 20_000)));
+    assert!(seen.contains(&("quick", TaskState::Succeeded, 100)));
+    assert!(
+        store
+            .retention_rules(Some("default"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(store.retention_rules(None).await.unwrap().len(), 3);
+    // Replacing: a set replaces the level's rules; none set removes them.
+    store
+        .set_retention("long", "", &quick)
+        .await
+        .expect("replace");
+    store
+        .set_retention("long", "quick", &Horizons::default())
+        .await
+        .expect("clear");
+    let rules = store.retention_rules(None).await.expect("rules");
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(
+        (
+            rules[0].handler.as_str(),
+            rules[0].state,
+            rules[0].horizon_ms
+        ),
+        ("", TaskState::Succeeded, 100)
+    );
 }

@@ -11,7 +11,7 @@
 //! Layout: `backend` is the seam, `dialect` and `statements` the SQL,
 //! `rows` the column lists and arguments; `tasks` creates and reads tasks,
 //! `transitions` and `batch` write events, `claims` claims READY tasks,
-//! `callbacks` the outbox, `schedules` and `fires` the schedules, and
+//! `callbacks` the outbox, `logs` task logs, `schedules` and `fires` the schedules, and
 //! `store_impl` implements the trait by calling them.
 
 mod backend;
@@ -20,6 +20,7 @@ mod callbacks;
 mod claims;
 mod dialect;
 mod fires;
+mod logs;
 mod retention;
 mod rows;
 mod schedules;

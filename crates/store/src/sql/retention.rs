@@ -1,14 +1,17 @@
 //! Retention's removals, in bounded batches (one short write transaction
 //! each, never a long lock or a table rewrite): `Store::remove_ended`
-//! (old terminal tasks) and `Store::trim_fires` (fire history beyond a
-//! schedule's newest records).
+//! (old terminal tasks, each by its handler's, namespace's or the
+//! server's horizon) and `Store::trim_fires` (fire history beyond a
+//! schedule's newest records); and the horizons set through the API.
 
+use taskmesh_core::retention::{Horizons, RetentionRule, TERMINAL};
 use taskmesh_core::{TaskState, UnixMillis};
 
 use super::backend::Backend;
 use super::dialect::in_lists;
 use super::tasks::sql_limit;
 use super::{SqlStore, args};
+use crate::decode::Columns;
 use crate::{Error, Result};
 
 impl<B: Backend> SqlStore<B> {
@@ -18,7 +21,8 @@ impl<B: Backend> SqlStore<B> {
     pub(super) async fn remove_ended_tasks(
         &self,
         state: TaskState,
-        ended_before: UnixMillis,
+        now: UnixMillis,
+        default_horizon_ms: i64,
         limit: usize,
     ) -> Result<u64> {
         if !state.is_terminal() {
@@ -36,13 +40,13 @@ impl<B: Backend> SqlStore<B> {
             .fetch(
                 &mut tx,
                 &b.sql().ended_ids,
-                args![state.as_str(), ended_before, sql_limit(limit)],
+                args![state.as_str(), now, default_horizon_ms, sql_limit(limit)],
             )
             .await?;
         let mut ids = Vec::with_capacity(rows.len());
         for row in &rows {
             ids.push(
-                crate::decode::Columns::text(row, "id")
+                row.text("id")
                     .map_err(|e| Error::Internal(format!("bad tasks row: {e}")))?,
             );
         }
@@ -104,11 +108,85 @@ impl<B: Backend> SqlStore<B> {
     }
 }
 
+impl<B: Backend> SqlStore<B> {
+    /// Replaces the horizons of (`namespace`, `handler`) in one write.
+    pub(super) async fn retention_set(
+        &self,
+        namespace: &str,
+        handler: &str,
+        horizons: &Horizons,
+    ) -> Result<()> {
+        let b = self.backend();
+        let sql = b.sql();
+        let mut tx = b.begin_write().await?;
+        b.exec(&mut tx, &sql.delete_retention, args![namespace, handler])
+            .await?;
+        for state in TERMINAL {
+            if let Some(ms) = horizons.of(state) {
+                b.exec(
+                    &mut tx,
+                    &sql.insert_retention,
+                    args![namespace, handler, state.as_str(), ms],
+                )
+                .await?;
+            }
+        }
+        b.commit(tx).await
+    }
+
+    /// The horizons set, of `namespace` or of all.
+    pub(super) async fn retention_list(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<RetentionRule>> {
+        let b = self.backend();
+        let rows = match namespace {
+            Some(ns) => b.read(&b.sql().retention_rules_in, args![ns]).await?,
+            None => b.read(&b.sql().retention_rules, args![]).await?,
+        };
+        let bad = |e: String| Error::Internal(format!("bad retention_policies row: {e}"));
+        let mut rules = Vec::with_capacity(rows.len());
+        for row in rows {
+            let state = row.text("state").map_err(bad)?;
+            rules.push(RetentionRule {
+                namespace: row.text("namespace").map_err(bad)?,
+                handler: row.text("handler").map_err(bad)?,
+                state: TaskState::parse(&state)
+                    .ok_or_else(|| bad(format!("unknown state {state:?}")))?,
+                horizon_ms: row.int("horizon_ms").map_err(bad)?,
+            });
+        }
+        Ok(rules)
+    }
+
+    /// The first-created task kept in `namespace` and `state`, with when
+    /// it ended.
+    pub(super) async fn oldest_ended_task(
+        &self,
+        namespace: &str,
+        state: TaskState,
+    ) -> Result<Option<(String, Option<UnixMillis>)>> {
+        let b = self.backend();
+        let rows = b
+            .read(&b.sql().oldest_ended, args![namespace, state.as_str()])
+            .await?;
+        let bad = |e: String| Error::Internal(format!("bad tasks row: {e}"));
+        match rows.first() {
+            None => Ok(None),
+            Some(row) => Ok(Some((
+                row.text("id").map_err(bad)?,
+                row.opt_int("ended_at").map_err(bad)?,
+            ))),
+        }
+    }
+}
+
 /// The instant `v` of the first row, if any.
 fn instant<R: crate::decode::Columns>(rows: Vec<R>) -> Result<Option<UnixMillis>> {
     match rows.first() {
         None => Ok(None),
-        Some(row) => crate::decode::Columns::opt_int(row, "v")
+        Some(row) => row
+            .opt_int("v")
             .map_err(|e| Error::Internal(format!("bad fire time: {e}"))),
     }
 }

@@ -4,6 +4,7 @@
 //! per process.
 
 use super::dialect::{BulkForm, Dialect, Ladder, marks, value_rows};
+use super::logs::LOG_COLUMNS;
 use super::rows::{
     ATTEMPT_COLUMNS, CALLBACK_COLUMNS, SCHEDULE_BODY, SCHEDULE_READ, TASK_BODY, TASK_KEYS,
     TASK_MUTABLE, TASK_READ, TASK_READ_SUMMARY, TOKEN_COLUMNS, assignments, names, row_marks,
@@ -60,9 +61,17 @@ pub struct Statements {
     pub awaiting_run_end: String,
     pub insert_fire: String,
     pub recent_fires: String,
-    /// Retention: the oldest tasks of a terminal state that ended before a
-    /// time, without a callback still to deliver.
+    /// Retention: the oldest tasks of a terminal state that ended longer
+    /// ago than their horizon (the handler's, else the namespace's, else
+    /// the one bound), without a callback still to deliver.
     pub ended_ids: String,
+    /// Retention horizons set through the API.
+    pub delete_retention: String,
+    pub insert_retention: String,
+    pub retention_rules: String,
+    pub retention_rules_in: String,
+    /// The first-created task kept in a namespace and terminal state.
+    pub oldest_ended: String,
     /// Retention: deletes terminal tasks by id (attempts and callbacks go
     /// with them: `ON DELETE CASCADE`).
     pub delete_ended: Ladder,
@@ -73,6 +82,18 @@ pub struct Statements {
     pub nth_oldest_fire_before: String,
     /// Fire retention: deletes a schedule's fires in `[.., ?]` before `?`.
     pub delete_fires_through: String,
+    /// Task logs: an attempt's number by its execution id.
+    pub attempt_of_execution: String,
+    /// Task logs: an attempt's counter row, made if missing, then locked.
+    pub open_log_attempt: String,
+    pub lock_log_attempt: String,
+    /// Task logs: adds kept lines and bytes, refused and dropped lines.
+    pub count_log_attempt: String,
+    pub log_attempts: String,
+    /// Task logs: lines after an (attempt, seq), of all attempts or one.
+    pub logs_after: String,
+    pub logs_of_attempt: String,
+    pub insert_logs: Ladder,
     /// `SELECT` tasks by id, for `IN` lists of ladder sizes.
     pub tasks_by_id: Ladder,
     /// The same, locking the rows in id order.
@@ -246,10 +267,28 @@ impl Statements {
                 "SELECT fire_at, handled_at, outcome, task_id FROM schedule_fires \
                  WHERE schedule_id = ? ORDER BY fire_at DESC LIMIT ?",
             ),
-            ended_ids: r("SELECT id FROM tasks WHERE state = ? AND ended_at < ? \
+            ended_ids: r("SELECT t.id AS id FROM tasks t \
+                 LEFT JOIN retention_policies h ON h.namespace = t.namespace \
+                 AND h.handler = t.handler AND h.state = t.state \
+                 LEFT JOIN retention_policies n ON n.namespace = t.namespace \
+                 AND n.handler = '' AND n.state = t.state \
+                 WHERE t.state = ? AND t.ended_at < ? - COALESCE(h.horizon_ms, n.horizon_ms, ?) \
                  AND NOT EXISTS (SELECT 1 FROM callbacks c \
-                 WHERE c.task_id = tasks.id AND c.state = 'PENDING') \
-                 ORDER BY id LIMIT ?"),
+                 WHERE c.task_id = t.id AND c.state = 'PENDING') \
+                 ORDER BY t.id LIMIT ?"),
+            delete_retention: r(
+                "DELETE FROM retention_policies WHERE namespace = ? AND handler = ?",
+            ),
+            insert_retention: r("INSERT INTO retention_policies \
+                 (namespace, handler, state, horizon_ms) VALUES (?, ?, ?, ?)"),
+            retention_rules: r("SELECT namespace, handler, state, horizon_ms \
+                 FROM retention_policies ORDER BY namespace, handler, state"),
+            retention_rules_in: r("SELECT namespace, handler, state, horizon_ms \
+                 FROM retention_policies WHERE namespace = ? ORDER BY handler, state"),
+            oldest_ended: r(
+                "SELECT id, ended_at FROM tasks WHERE namespace = ? AND state = ? \
+                 ORDER BY id LIMIT 1",
+            ),
             nth_newest_fire: r(
                 "SELECT fire_at AS v FROM schedule_fires WHERE schedule_id = ? \
                  ORDER BY fire_at DESC LIMIT 1 OFFSET ?",
@@ -258,6 +297,38 @@ impl Statements {
                  WHERE schedule_id = ? AND fire_at < ? ORDER BY fire_at LIMIT 1 OFFSET ?"),
             delete_fires_through: r("DELETE FROM schedule_fires WHERE schedule_id = ? \
                  AND fire_at < ? AND fire_at <= ?"),
+            attempt_of_execution: r(
+                "SELECT number AS v FROM attempts WHERE task_id = ? AND execution_id = ?",
+            ),
+            open_log_attempt: r(&format!(
+                "INSERT INTO task_log_attempts \
+                 (task_id, attempt, kept_lines, kept_bytes, truncated_lines, dropped) \
+                 VALUES (?, ?, 0, 0, 0, 0){}",
+                d.ignoring_duplicates(&["task_id", "attempt"])
+            )),
+            lock_log_attempt: r("SELECT kept_lines, kept_bytes FROM task_log_attempts \
+                 WHERE task_id = ? AND attempt = ?{lock}"),
+            count_log_attempt: r("UPDATE task_log_attempts SET kept_lines = kept_lines + ?, \
+                 kept_bytes = kept_bytes + ?, truncated_lines = truncated_lines + ?, \
+                 dropped = dropped + ? WHERE task_id = ? AND attempt = ?"),
+            log_attempts: r(
+                "SELECT attempt, kept_lines, kept_bytes, truncated_lines, dropped \
+                 FROM task_log_attempts WHERE task_id = ? ORDER BY attempt",
+            ),
+            logs_after: r(&format!(
+                "SELECT {LOG_COLUMNS} FROM task_logs WHERE task_id = ? \
+                 AND (attempt > ? OR (attempt = ? AND seq > ?)) ORDER BY attempt, seq LIMIT ?"
+            )),
+            logs_of_attempt: r(&format!(
+                "SELECT {LOG_COLUMNS} FROM task_logs WHERE task_id = ? AND attempt = ? \
+                 AND seq > ? ORDER BY seq LIMIT ?"
+            )),
+            insert_logs: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "INSERT INTO task_logs ({LOG_COLUMNS}) VALUES {}",
+                    value_rows(n, 6)
+                ))
+            }),
             delete_ended: Ladder::new(d, |d, n| {
                 d.render(&format!(
                     "DELETE FROM tasks WHERE state IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', \

@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 use taskmesh_core::auth::TokenRecord;
+use taskmesh_core::logs::{AttemptLogs, LogBatch, LogCap, LogEntry, LogQuery};
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
 use taskmesh_core::{
     CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, TaskState, UnixMillis,
@@ -56,13 +57,51 @@ impl<B: Backend> Store for SqlStore<B> {
         self.trim_schedule_fires(schedule_id, keep, limit).await
     }
 
+    async fn append_logs(&self, batches: &[LogBatch], cap: LogCap) -> Result<crate::LogsAppended> {
+        self.logs_append(batches, cap).await
+    }
+
+    async fn task_logs(
+        &self,
+        id: &str,
+        query: &LogQuery,
+    ) -> Result<(Vec<AttemptLogs>, Vec<LogEntry>)> {
+        self.logs_read(id, query).await
+    }
+
     async fn remove_ended(
         &self,
         state: TaskState,
-        ended_before: UnixMillis,
+        now: UnixMillis,
+        default_horizon_ms: i64,
         limit: usize,
     ) -> Result<u64> {
-        self.remove_ended_tasks(state, ended_before, limit).await
+        self.remove_ended_tasks(state, now, default_horizon_ms, limit)
+            .await
+    }
+
+    async fn set_retention(
+        &self,
+        namespace: &str,
+        handler: &str,
+        horizons: &taskmesh_core::retention::Horizons,
+    ) -> Result<()> {
+        self.retention_set(namespace, handler, horizons).await
+    }
+
+    async fn retention_rules(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<taskmesh_core::retention::RetentionRule>> {
+        self.retention_list(namespace).await
+    }
+
+    async fn oldest_ended(
+        &self,
+        namespace: &str,
+        state: TaskState,
+    ) -> Result<Option<(String, Option<UnixMillis>)>> {
+        self.oldest_ended_task(namespace, state).await
     }
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage> {

@@ -124,10 +124,11 @@ impl WorkerService for PushService {
         lock(&shared.running).insert(a.execution_id.clone(), cancel.clone());
         let reporter = push.clone();
         let secret = a.report_secret.clone();
+        push.hold(&a.execution_id, &session_id, &secret);
         exec::spawn(
             shared,
             handler,
-            context(a, cancel),
+            context(a, cancel, &shared.logs),
             permit,
             move |done| async move { reporter.report(session_id, secret, done).await },
         );

@@ -148,6 +148,13 @@ impl Dispatcher for Svc {
         Err(Status::unimplemented("stream only"))
     }
 
+    async fn report_logs(
+        &self,
+        _: Request<taskmesh::v1::ReportLogsRequest>,
+    ) -> Result<Response<taskmesh::v1::ReportLogsResponse>, Status> {
+        Err(Status::unimplemented("stream only"))
+    }
+
     async fn deregister_push_worker(
         &self,
         _: Request<taskmesh::v1::DeregisterPushWorkerRequest>,
@@ -184,6 +191,7 @@ impl Dispatcher for Svc {
                 tx: to_worker,
                 rx: from_worker,
                 heartbeats: Vec::new(),
+                logs: Vec::new(),
             });
             while let Ok(Some(message)) = inbound.message().await {
                 let _ = from_worker_tx.send(message);
@@ -205,6 +213,8 @@ pub struct Conn {
     rx: mpsc::UnboundedReceiver<ConnectRequest>,
     /// Heartbeats skipped by [`Conn::next`].
     pub heartbeats: Vec<WorkerHeartbeat>,
+    /// Log lines skipped by [`Conn::next`], in arrival order.
+    pub logs: Vec<taskmesh::v1::TaskLogs>,
 }
 
 impl Conn {
@@ -258,21 +268,25 @@ impl Conn {
         Some(message.message.expect("empty message"))
     }
 
-    /// The next non-heartbeat message (heartbeats are kept in `heartbeats`).
+    /// The next message that is neither a heartbeat nor log lines (those
+    /// are kept in `heartbeats` and `logs`).
     pub async fn next(&mut self) -> connect_request::Message {
         loop {
             match self.next_any().await.expect("worker closed the stream") {
                 connect_request::Message::Heartbeat(h) => self.heartbeats.push(h),
+                connect_request::Message::Logs(l) => self.logs.push(l),
                 other => return other,
             }
         }
     }
 
-    /// Waits until the worker closes its half, failing on non-heartbeats.
+    /// Waits until the worker closes its half, failing on anything but
+    /// heartbeats and log lines.
     pub async fn closed(&mut self) {
         while let Some(message) = self.next_any().await {
             match message {
                 connect_request::Message::Heartbeat(h) => self.heartbeats.push(h),
+                connect_request::Message::Logs(l) => self.logs.push(l),
                 other => panic!("unexpected message before close: {other:?}"),
             }
         }

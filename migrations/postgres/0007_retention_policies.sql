@@ -1,0 +1,13 @@
+-- Retention horizons set through the API (Admin.SetRetention): per
+-- namespace (handler '') or per handler within it, per terminal state.
+-- What has no row inherits: handler, then namespace, then the server's
+-- --retention-* flags. Retention's delete reads them with two key lookups
+-- per candidate task.
+
+CREATE TABLE retention_policies (
+    namespace   TEXT COLLATE "C" NOT NULL,
+    handler     TEXT COLLATE "C" NOT NULL,   -- '' for the namespace's own
+    state       TEXT    NOT NULL CHECK (state IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED')),
+    horizon_ms  BIGINT  NOT NULL CHECK (horizon_ms > 0),
+    PRIMARY KEY (namespace, handler, state)
+);
