@@ -323,19 +323,21 @@ impl Scheduler {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take();
+            let started = std::time::Instant::now();
             let done =
                 retention::pass(self.store.as_ref(), &self.opts.retention, now, &mut cursor).await;
+            let took = started.elapsed();
             *self.fire_cursor.lock().unwrap_or_else(|e| e.into_inner()) = cursor;
             let pause = match done {
                 Ok((removed, more)) => {
                     if removed > 0 {
-                        debug!(removed, "retention removed ended tasks");
+                        debug!(
+                            removed,
+                            took_ms = took.as_millis() as u64,
+                            "retention removed ended tasks"
+                        );
                     }
-                    if more {
-                        retention::BUSY_PAUSE
-                    } else {
-                        retention::IDLE_PAUSE
-                    }
+                    retention::Retention::pause_after(took, more)
                 }
                 Err(err) => {
                     warn!(error = %err, "retention pass failed");

@@ -16,8 +16,14 @@ use std::time::Duration;
 use taskmesh_core::{TaskState, UnixMillis};
 use taskmesh_store::Store;
 
-/// Pause after a pass that left more to remove.
-pub const BUSY_PAUSE: Duration = Duration::from_secs(1);
+/// Shortest pause after a pass that left more to remove.
+pub const BUSY_PAUSE: Duration = Duration::from_millis(200);
+/// A pass that left more to remove is followed by a pause of at least this
+/// many times as long as it took, so removal holds the store (SQLite's one
+/// writer, Postgres's locks and I/O) at most 1/(1 + this) of the time: a
+/// backlog of millions drains at a pace the live path hardly notices,
+/// rather than at the store's full speed.
+pub const BUSY_PAUSE_FACTOR: u32 = 19;
 /// Pause after a pass that removed all there was.
 pub const IDLE_PAUSE: Duration = Duration::from_secs(5);
 
@@ -45,7 +51,7 @@ pub struct Retention {
 pub const SCHEDULES_PER_PASS: u32 = 100;
 
 impl Default for Retention {
-    /// Succeeded and cancelled 24 h, failed and timed out 7 days, 1,000 per
+    /// Succeeded and cancelled 24 h, failed and timed out 7 days, 500 per
     /// batch.
     fn default() -> Self {
         let day = Duration::from_secs(24 * 3600);
@@ -54,13 +60,24 @@ impl Default for Retention {
             failed: Some(day * 7),
             timed_out: Some(day * 7),
             cancelled: Some(day),
-            batch: 1_000,
+            batch: 500,
             fire_history: 1_000,
         }
     }
 }
 
 impl Retention {
+    /// The pause after a pass that took `took`: [`IDLE_PAUSE`] when it
+    /// removed all there was, else the duty-cycle pause (see
+    /// [`BUSY_PAUSE_FACTOR`]), at least [`BUSY_PAUSE`].
+    pub fn pause_after(took: Duration, more: bool) -> Duration {
+        if more {
+            BUSY_PAUSE.max(took * BUSY_PAUSE_FACTOR)
+        } else {
+            IDLE_PAUSE
+        }
+    }
+
     /// Keeps everything.
     pub fn keep_all() -> Self {
         Self {
@@ -68,7 +85,7 @@ impl Retention {
             failed: None,
             timed_out: None,
             cancelled: None,
-            batch: 1_000,
+            batch: 500,
             fire_history: u32::MAX,
         }
     }
@@ -146,4 +163,25 @@ pub async fn pass(
     }
     *cursor = next;
     Ok((removed, more))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_pass_pauses_in_proportion_to_what_it_took() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            Retention::pause_after(ms(1), true),
+            BUSY_PAUSE,
+            "at least the floor"
+        );
+        assert_eq!(
+            Retention::pause_after(ms(50), true),
+            ms(950),
+            "a twentieth of the time"
+        );
+        assert_eq!(Retention::pause_after(ms(50), false), IDLE_PAUSE);
+    }
 }

@@ -51,6 +51,11 @@ pub struct LatencyReport {
     /// the run to its end, and how long that was (s).
     pub removed_during_run: u64,
     pub removal_window_s: f64,
+    /// SUCCEEDED tasks' horizon on the node, s (`--retention-succeeded`).
+    pub retention_succeeded_s: Option<f64>,
+    /// SQLite: the database file and its WAL, in bytes, every 10 s of the
+    /// run (seconds since its start, bytes); empty on other stores.
+    pub sqlite_bytes: Vec<(f64, u64)>,
     /// Workers.
     pub workers: usize,
     /// Slots per worker.
@@ -87,7 +92,30 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         return Err(err);
     }
     let window = std::time::Instant::now();
+    let stop_sampling = tokio_util::sync::CancellationToken::new();
+    let sampler = rig.sqlite_dir.clone().map(|dir| {
+        let stop = stop_sampling.clone();
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut tick = tokio::time::interval(SIZE_EVERY);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = stop.cancelled() => {}
+                }
+                samples.push((window.elapsed().as_secs_f64(), sqlite_bytes(&dir)));
+                if stop.is_cancelled() || samples.len() >= 10_000 {
+                    return samples;
+                }
+            }
+        })
+    });
     let result = measure(&rig, tasks, rate).await;
+    stop_sampling.cancel();
+    let sqlite_samples = match sampler {
+        Some(sampler) => sampler.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
     let left = if args.ended > 0 {
         count_state(&rig, taskmesh_core::TaskState::Cancelled).await
     } else {
@@ -106,11 +134,26 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         retention: !args.no_retention,
         removed_during_run: args.ended.saturating_sub(left?),
         removal_window_s,
+        retention_succeeded_s: args.retention_succeeded.map(|d| d.as_secs_f64()),
+        sqlite_bytes: sqlite_samples,
         workers: args.workers,
         worker_concurrency: args.worker_concurrency,
         workers_as: args.workers_as,
         measured: result?,
     })
+}
+
+/// How often the SQLite file's size is sampled during a run.
+const SIZE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The SQLite database in `dir` and its WAL, in bytes (0 for what is not
+/// there).
+fn sqlite_bytes(dir: &std::path::Path) -> u64 {
+    let file = taskmesh_store::sqlite::DEFAULT_FILE_NAME;
+    [file.to_string(), format!("{file}-wal")]
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len()))
+        .sum()
 }
 
 /// One open-loop run's figures.
@@ -363,6 +406,25 @@ pub fn print(r: &LatencyReport) {
                 r.removal_window_s,
                 r.removed_during_run as f64 / r.removal_window_s.max(1e-9)
             ),
+        ),
+        (
+            "SUCCEEDED tasks kept".into(),
+            match r.retention_succeeded_s {
+                Some(s) => format!("{s:.0} s after they ended"),
+                None => "the default (24 h)".into(),
+            },
+        ),
+        (
+            "SQLite file + WAL, MB every 10 s".into(),
+            if r.sqlite_bytes.is_empty() {
+                "-".into()
+            } else {
+                r.sqlite_bytes
+                    .iter()
+                    .map(|(_, b)| format!("{:.1}", *b as f64 / 1e6))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            },
         ),
         (
             "generator late (due → sent) p50/p90/p99/max ms".into(),

@@ -92,6 +92,12 @@ pub struct LoadArgs {
     /// for `--ended`.
     #[arg(long)]
     pub no_retention: bool,
+    /// `latency`: the node removes SUCCEEDED tasks this long after they
+    /// ended (the bench's own node: any length from 1 s, where `serve`
+    /// takes 1 min at least), so a run shows SQLite's file under a steady
+    /// load with retention on (sampled every 10 s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub retention_succeeded: Option<Duration>,
     /// `workers`: how many workers the extra process connects, each on a
     /// connection of its own.
     #[arg(long, default_value_t = super::fleet::DEFAULT_FLEET)]
@@ -233,6 +239,8 @@ pub struct Rig {
     pub channel: Channel,
     workers: Workers,
     _dir: Option<tempfile::TempDir>,
+    /// The SQLite data directory, when the store is SQLite.
+    pub sqlite_dir: Option<PathBuf>,
     scratch: Option<Scratch>,
     /// The store as measured (with the server's durability settings).
     pub store_label: String,
@@ -262,17 +270,22 @@ impl Rig {
         if args.no_retention {
             opts.scheduler.retention = taskmesh_scheduler::retention::Retention::keep_all();
         }
+        if let Some(horizon) = args.retention_succeeded {
+            opts.scheduler.retention.succeeded = Some(horizon);
+        }
         // Nor the per-client connection limit: every connection of a bench
         // comes from 127.0.0.1 (`--scenario workers` opens up to 10,000).
         opts.conn_limits.max_total = 16_384;
         opts.conn_limits.max_per_peer = 16_384;
         let mut dir = None;
         let mut scratch = None;
+        let mut sqlite_dir = None;
         let mut store_label = store_label(args);
         match &args.database_url {
             None => {
                 let d = tempfile::tempdir().context("creating a temporary data directory")?;
                 opts.data_dir = d.path().to_path_buf();
+                sqlite_dir = Some(opts.data_dir.clone());
                 dir = Some(d);
             }
             Some(url) => match (DatabaseKind::of_url(url), url.strip_prefix("sqlite://")) {
@@ -283,7 +296,10 @@ impl Rig {
                     opts.database_url = Some(db.url().to_string());
                     scratch = Some(db);
                 }
-                (None, Some(path)) if !path.is_empty() => opts.data_dir = PathBuf::from(path),
+                (None, Some(path)) if !path.is_empty() => {
+                    opts.data_dir = PathBuf::from(path);
+                    sqlite_dir = Some(opts.data_dir.clone());
+                }
                 _ => anyhow::bail!(
                     "--database-url {} is not supported: use postgres://…, mysql://…, \
                      sqlite://DIR or leave it unset",
@@ -315,6 +331,7 @@ impl Rig {
             channel,
             workers: Workers::None,
             _dir: dir,
+            sqlite_dir,
             scratch,
             store_label,
             stamps: None,
