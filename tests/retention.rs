@@ -18,6 +18,19 @@ fn mins(n: i64) -> Option<prost_types::Duration> {
     })
 }
 
+/// The default namespace's retention, as `GetRetention` answers it.
+async fn retention_of(
+    admin: &mut AdminClient<tonic::transport::Channel>,
+) -> pb::NamespaceRetention {
+    admin
+        .get_retention(pb::GetRetentionRequest::default())
+        .await
+        .expect("GetRetention")
+        .into_inner()
+        .retention
+        .expect("retention")
+}
+
 #[tokio::test]
 async fn horizons_are_set_per_namespace_and_handler_and_shown_in_effect() {
     let dir = tempfile::tempdir().unwrap();
@@ -26,13 +39,7 @@ async fn horizons_are_set_per_namespace_and_handler_and_shown_in_effect() {
     let mut api = api(node.grpc_addr).await;
 
     // The server's defaults: succeeded and cancelled 24 h, the others 7 days.
-    let r = admin
-        .get_retention(pb::GetRetentionRequest::default())
-        .await
-        .expect("GetRetention")
-        .into_inner()
-        .retention
-        .expect("retention");
+    let r = retention_of(&mut admin).await;
     assert_eq!(r.namespace, "default");
     let day = mins(24 * 60);
     let week = mins(7 * 24 * 60);
@@ -123,13 +130,7 @@ async fn horizons_are_set_per_namespace_and_handler_and_shown_in_effect() {
     })
     .await
     .expect("cancel");
-    let r = admin
-        .get_retention(pb::GetRetentionRequest::default())
-        .await
-        .expect("GetRetention")
-        .into_inner()
-        .retention
-        .expect("retention");
+    let r = retention_of(&mut admin).await;
     assert_eq!(r.oldest.len(), 1, "{:?}", r.oldest);
     assert_eq!(r.oldest[0].state, pb::TaskState::Cancelled as i32);
     assert_eq!(r.oldest[0].task_id, id);

@@ -69,43 +69,36 @@ async fn logged_and_followed(api: &pb::task_api_client::TaskApiClient<tonic::tra
     assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_workers_lines_are_read_back_and_followed_live() {
+/// A node and one `taskmesh worker` process serving `log` (in push mode
+/// when `push`), then [`logged_and_followed`].
+async fn check_a_worker(id: &str, push: bool) {
     let dir = tempfile::tempdir().unwrap();
     let node = start_node(node_options(dir.path())).await;
     let api = api(node.grpc_addr).await;
     let mut worker = WorkerProcess::new(
         BIN.as_ref(),
-        "logger",
+        id,
         &[format!("http://{}", node.grpc_addr)],
         dir.path(),
     )
-    .handlers("log")
-    .spawn()
-    .await;
+    .handlers("log");
+    if push {
+        worker = worker.push("127.0.0.1:0");
+    }
+    let mut worker = worker.spawn().await;
     logged_and_followed(&api).await;
     worker.assert_alive();
     stop_node(node).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_workers_lines_are_read_back_and_followed_live() {
+    check_a_worker("logger", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_workers_lines_are_read_back_and_followed_live() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = start_node(node_options(dir.path())).await;
-    let api = api(node.grpc_addr).await;
-    let mut worker = WorkerProcess::new(
-        BIN.as_ref(),
-        "push-logger",
-        &[format!("http://{}", node.grpc_addr)],
-        dir.path(),
-    )
-    .handlers("log")
-    .push("127.0.0.1:0")
-    .spawn()
-    .await;
-    logged_and_followed(&api).await;
-    worker.assert_alive();
-    stop_node(node).await;
+    check_a_worker("push-logger", true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,9 +21,11 @@ pub const BUSY_PAUSE: Duration = Duration::from_millis(200);
 /// A pass that left more to remove is followed by a pause of at least this
 /// many times as long as it took, so removal holds the store (SQLite's one
 /// writer, Postgres's locks and I/O) at most 1/(1 + this) of the time: a
-/// backlog of millions drains at a pace the live path hardly notices,
-/// rather than at the store's full speed.
-pub const BUSY_PAUSE_FACTOR: u32 = 19;
+/// backlog of millions drains beside the live path rather than at the
+/// store's full speed. A tenth: at ~50 µs a removed task on SQLite that
+/// is ~2,000 tasks/s, twice a steady 1,000/s of new ones (a twentieth fell
+/// behind that: `taskmesh bench --scenario latency --retention-succeeded`).
+pub const BUSY_PAUSE_FACTOR: u32 = 9;
 /// Pause after a pass that removed all there was.
 pub const IDLE_PAUSE: Duration = Duration::from_secs(5);
 

@@ -53,9 +53,10 @@ pub struct LatencyReport {
     pub removal_window_s: f64,
     /// SUCCEEDED tasks' horizon on the node, s (`--retention-succeeded`).
     pub retention_succeeded_s: Option<f64>,
-    /// SQLite: the database file and its WAL, in bytes, every 10 s of the
-    /// run (seconds since its start, bytes); empty on other stores.
-    pub sqlite_bytes: Vec<(f64, u64)>,
+    /// SQLite: every 10 s of the run, the seconds since its start, the
+    /// database file's and its WAL's bytes, and the SUCCEEDED tasks kept;
+    /// empty on other stores.
+    pub sqlite_bytes: Vec<SizeSample>,
     /// Workers.
     pub workers: usize,
     /// Slots per worker.
@@ -95,6 +96,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
     let stop_sampling = tokio_util::sync::CancellationToken::new();
     let sampler = rig.sqlite_dir.clone().map(|dir| {
         let stop = stop_sampling.clone();
+        let store = rig.node.store.clone();
         tokio::spawn(async move {
             let mut samples = Vec::new();
             let mut tick = tokio::time::interval(SIZE_EVERY);
@@ -103,7 +105,14 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
                     _ = tick.tick() => {}
                     () = stop.cancelled() => {}
                 }
-                samples.push((window.elapsed().as_secs_f64(), sqlite_bytes(&dir)));
+                let succeeded = count_in(store.as_ref(), taskmesh_core::TaskState::Succeeded).await;
+                let (db, wal) = sqlite_bytes(&dir);
+                samples.push(SizeSample {
+                    at_s: window.elapsed().as_secs_f64(),
+                    db_bytes: db,
+                    wal_bytes: wal,
+                    succeeded_kept: succeeded.unwrap_or(0),
+                });
                 if stop.is_cancelled() || samples.len() >= 10_000 {
                     return samples;
                 }
@@ -146,14 +155,25 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
 /// How often the SQLite file's size is sampled during a run.
 const SIZE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// One sample of SQLite's files during a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SizeSample {
+    /// Seconds since the run began.
+    pub at_s: f64,
+    /// The database file.
+    pub db_bytes: u64,
+    /// Its write-ahead log.
+    pub wal_bytes: u64,
+    /// SUCCEEDED tasks in the store.
+    pub succeeded_kept: u64,
+}
+
 /// The SQLite database in `dir` and its WAL, in bytes (0 for what is not
 /// there).
-fn sqlite_bytes(dir: &std::path::Path) -> u64 {
+fn sqlite_bytes(dir: &std::path::Path) -> (u64, u64) {
     let file = taskmesh_store::sqlite::DEFAULT_FILE_NAME;
-    [file.to_string(), format!("{file}-wal")]
-        .iter()
-        .map(|f| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len()))
-        .sum()
+    let size = |f: String| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len());
+    (size(file.to_string()), size(format!("{file}-wal")))
 }
 
 /// One open-loop run's figures.
@@ -261,6 +281,14 @@ async fn fill_ended(rig: &Rig, ended: u64) -> anyhow::Result<()> {
 
 /// How many tasks are in `state` (paging through the store, 1,000 a page).
 async fn count_state(rig: &Rig, state: taskmesh_core::TaskState) -> anyhow::Result<u64> {
+    count_in(rig.node.store.as_ref(), state).await
+}
+
+/// How many tasks of `store` are in `state` (listed a page at a time).
+async fn count_in(
+    store: &dyn taskmesh_store::Store,
+    state: taskmesh_core::TaskState,
+) -> anyhow::Result<u64> {
     let mut filter = taskmesh_store::TaskFilter {
         state: Some(state),
         limit: 1_000,
@@ -268,7 +296,7 @@ async fn count_state(rig: &Rig, state: taskmesh_core::TaskState) -> anyhow::Resu
     };
     let mut n = 0u64;
     loop {
-        let page = rig.node.store.list_tasks(&filter).await?;
+        let page = store.list_tasks(&filter).await?;
         n += page.tasks.len() as u64;
         match page.next_before_id {
             Some(id) => filter.before_id = Some(id),
@@ -415,15 +443,22 @@ pub fn print(r: &LatencyReport) {
             },
         ),
         (
-            "SQLite file + WAL, MB every 10 s".into(),
+            "SQLite every 10 s: db MB + WAL MB (SUCCEEDED kept, k)".into(),
             if r.sqlite_bytes.is_empty() {
                 "-".into()
             } else {
                 r.sqlite_bytes
                     .iter()
-                    .map(|(_, b)| format!("{:.1}", *b as f64 / 1e6))
+                    .map(|s| {
+                        format!(
+                            "{:.0}+{:.0} ({:.0})",
+                            s.db_bytes as f64 / 1e6,
+                            s.wal_bytes as f64 / 1e6,
+                            s.succeeded_kept as f64 / 1e3
+                        )
+                    })
                     .collect::<Vec<_>>()
-                    .join(" ")
+                    .join(", ")
             },
         ),
         (
