@@ -181,8 +181,8 @@ mod tests {
         );
         assert_eq!(
             Retention::pause_after(ms(50), true),
-            ms(950),
-            "a twentieth of the time"
+            ms(450),
+            "a tenth of the time"
         );
         assert_eq!(Retention::pause_after(ms(50), false), IDLE_PAUSE);
     }
