@@ -293,8 +293,8 @@ check "node: the python push-mode worker is registered (ListWorkers)" \
 check "node: 100 py.echo tasks SUCCEEDED through Worker.Execute (push mode)" \
   node_client run --handler py.echo --count 100 --check-echo --timeout 120 \
   --ids-file "$tmp/push-ids"
-check "taskmesh logs: a python push-mode handler's lines (ReportLogs) read back" \
-  python_logs "$tmp/push-ids" 4 0
+check "taskmesh logs: a python push-mode handler's lines (ReportLogs) followed live, then read back" \
+  python_logs "$tmp/push-ids" 8 1
 push_exit() {
   kill -TERM "$worker_pid"
   worker_exit push-worker.log

@@ -10,8 +10,8 @@ SDK's push mode (crates/worker) is the reference.
   The handler runs on the pool after the answer is decided.
 - `ReportResult` sends each result to the replica holding our session; its
   `recorded.accepted` says whether it was stored or refused as stale. The
-  task's log lines go there first with `ReportLogs` (all at the end here:
-  the Rust SDK also sends them while the task runs).
+  task's log lines go there with `ReportLogs`: every LOG_FLUSH seconds
+  while it runs, and its last ones just before its result.
 - `Worker.Cancel` sets the handler's `task.cancelled`; `Worker.Probe`
   answers the server's liveness probe with our load.
 - Who may call us: at registration we give the server a random secret it
@@ -35,7 +35,7 @@ import grpc
 
 from .handlers import Handler, Task
 from .logs import log_messages
-from .session import CpuIdle, event, run_handler
+from .session import LOG_FLUSH, CpuIdle, event, run_handler
 from .stubs import dispatcher_pb2_grpc, logs_pb2, pb, worker_pb2, worker_pb2_grpc
 from .worker import DEFAULT_HEARTBEAT, RECONNECT_INITIAL, RECONNECT_MAX, Worker, open_channel
 
@@ -64,6 +64,10 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         self.idle = threading.Condition(self._lock)
         self.server_secret = secrets.token_hex(32)
         self.report_secrets: Dict[str, str] = {}  # by execution id
+        self.session_of: Dict[str, Optional[str]] = {}  # by execution id
+        # One sender of log lines at a time, so an attempt's lines reach
+        # the server in the order they were logged.
+        self._log_send = threading.Lock()
 
     def _from_our_server(self, context) -> bool:
         """Whether the call presents the secret we registered with."""
@@ -100,6 +104,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
             self.inflight[a.execution_id] = task
             self.report_secrets[a.execution_id] = a.report_secret
             session_id = request.session_id or self.session_id
+            self.session_of[a.execution_id] = session_id
         event(logging.DEBUG, "task accepted", handler=a.handler, **fields)
         self.pool.submit(self.run_task, handler, task, session_id)
         return worker_pb2.ExecuteResponse(accepted=True)
@@ -138,6 +143,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         with self._lock:
             self.inflight.pop(task.execution_id, None)
             self.report_secrets.pop(task.execution_id, None)
+            self.session_of.pop(task.execution_id, None)
             self.idle.notify_all()
         if accepted is None:
             return
@@ -151,6 +157,11 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
     def send_logs(self, task: Task, server: str, session_id: Optional[str],
                   report_secret: str) -> None:
         """The task's lines, best effort: a refusal only loses lines."""
+        with self._log_send:
+            self._send_logs_locked(task, server, session_id, report_secret)
+
+    def _send_logs_locked(self, task: Task, server: str, session_id: Optional[str],
+                          report_secret: str) -> None:
         messages = log_messages(task)
         if not messages:
             return
@@ -164,6 +175,17 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         except grpc.RpcError as err:
             event(logging.INFO, "log lines not delivered", worker_id=self.worker_id,
                   task_id=task.task_id, code=err.code())
+
+    def log_flusher(self) -> None:
+        """Sends running tasks' lines every LOG_FLUSH seconds until stopped."""
+        while not self.stopping.wait(LOG_FLUSH):
+            with self._lock:
+                running = [(t, self.session_of.get(e), self.report_secrets.get(e, ""))
+                           for e, t in self.inflight.items()]
+                fallback = self.servers[self.server_index % len(self.servers)]
+                servers = {s: self.granted_by.get(s or "", fallback) for _, s, _ in running}
+            for task, session_id, secret in running:
+                self.send_logs(task, servers[session_id], session_id, secret)
 
     def report(self, task: Task, complete, session_id: Optional[str]) -> Optional[bool]:
         """Sends one result to the server that granted the session it ran
@@ -207,6 +229,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
         self.server.start()
         event(logging.INFO, "serving Worker", worker_id=self.worker_id, listen=self.listen,
               advertise=self.advertise)
+        threading.Thread(target=self.log_flusher, name="log-flusher", daemon=True).start()
         backoff = RECONNECT_INITIAL
         interval = DEFAULT_HEARTBEAT
         failed_here = 0  # refreshes failed in a row at the current server

@@ -8,7 +8,8 @@ a drain takes nothing new, finishes what runs, then closes our half.
 Threads: gRPC reads the outbound queue through `requests()`; the stream's
 reader thread calls `on_message`; handlers run on the worker's pool; one
 heartbeat thread; one thread sending running tasks' log lines every
-LOG_FLUSH seconds (a task's last lines go just before its result). Everything shared is guarded by `Session.lock`.
+LOG_FLUSH seconds (a task's last lines go just before its result).
+Everything shared is guarded by `Session.lock`.
 """
 
 import collections
