@@ -1274,6 +1274,25 @@ async fn a_forged_push_result_is_refused_and_the_real_one_recorded() {
         .await
         .expect_err("a result without the assignment's secret");
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    // Nor log lines into its task's log.
+    let lines = pb::ReportLogsRequest {
+        session_id: session_id.clone(),
+        logs: Some(pb::TaskLogs {
+            task_id: id.clone(),
+            execution_id: running.execution_id.clone(),
+            lines: vec![pb::LogLine {
+                message: "forged".into(),
+                ..Default::default()
+            }],
+            dropped: 0,
+        }),
+        report_secret: String::new(),
+    };
+    let err = dispatcher
+        .report_logs(with_token(f.token(Role::Worker), lines))
+        .await
+        .expect_err("log lines without the assignment's secret");
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     // No token at all.
     let err = dispatcher
         .report_result(forged(&session_id))

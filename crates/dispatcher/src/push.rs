@@ -429,17 +429,13 @@ pub(crate) async fn report(
             "complete.result must be a success or a failure",
         ));
     }
-    owned_by(shared, who, &req.session_id)?;
-    // The assignment's secret travelled only in the Execute call: a session
-    // id (ListWorkers) and an execution id (GetTask) alone forge nothing.
-    if !shared.is_assignment_secret(&done.execution_id, &req.report_secret) {
-        metrics::counter!(crate::auth::AUTH_REFUSED_TOTAL, "reason" => "report_secret")
-            .increment(1);
-        warn!(session_id = %req.session_id, execution_id = %done.execution_id, "refused: a result without its assignment's secret");
-        return Err(Status::permission_denied(
-            "report_secret is not the secret of this assignment",
-        ));
-    }
+    reporter_of(
+        shared,
+        who,
+        &req.session_id,
+        &done.execution_id,
+        &req.report_secret,
+    )?;
     // The recording (its retries while the store is unreachable, and the
     // slot's release once it lands) runs on a task of its own: a caller
     // that gives up, or the request timeout, must not drop it halfway and
@@ -466,15 +462,13 @@ pub(crate) fn report_logs(
             "session_id and logs.execution_id must not be empty",
         ));
     }
-    owned_by(shared, who, &req.session_id)?;
-    if !shared.is_assignment_secret(&logs.execution_id, &req.report_secret) {
-        metrics::counter!(crate::auth::AUTH_REFUSED_TOTAL, "reason" => "report_secret")
-            .increment(1);
-        warn!(session_id = %req.session_id, execution_id = %logs.execution_id, "refused: log lines without their assignment's secret");
-        return Err(Status::permission_denied(
-            "report_secret is not the secret of this assignment",
-        ));
-    }
+    reporter_of(
+        shared,
+        who,
+        &req.session_id,
+        &logs.execution_id,
+        &req.report_secret,
+    )?;
     if !shared.registry.holds(&req.session_id, &logs.execution_id) {
         return Err(Status::not_found(format!(
             "session {:?} does not hold execution {:?} (it ended or was taken back)",
@@ -518,6 +512,32 @@ pub(crate) async fn deregister(
 
 /// Refuses a call on a session that does not exist here or that another
 /// identity opened.
+/// Whether `who` may report on `execution_id` under `session_id`: its own
+/// session, and the assignment's secret. The secret travelled only in the
+/// Execute call: a session id (ListWorkers) and an execution id (GetTask)
+/// alone forge nothing.
+fn reporter_of(
+    shared: &Shared,
+    who: &Identity,
+    session_id: &str,
+    execution_id: &str,
+    report_secret: &str,
+) -> Result<(), Status> {
+    owned_by(shared, who, session_id)?;
+    if !shared.is_assignment_secret(execution_id, report_secret) {
+        metrics::counter!(crate::auth::AUTH_REFUSED_TOTAL, "reason" => "report_secret")
+            .increment(1);
+        warn!(
+            session_id,
+            execution_id, "refused: a report without its assignment's secret"
+        );
+        return Err(Status::permission_denied(
+            "report_secret is not the secret of this assignment",
+        ));
+    }
+    Ok(())
+}
+
 fn owned_by(shared: &Shared, who: &Identity, session_id: &str) -> Result<(), Status> {
     let owner = shared.push.lock().get(session_id).map(|s| s.owner.clone());
     match owner {
