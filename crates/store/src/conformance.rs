@@ -88,6 +88,7 @@ macro_rules! store_conformance_suite {
             fire_history_is_trimmed_to_the_newest,
             task_logs_are_kept_per_attempt_within_the_cap,
             retention_follows_namespace_and_handler_horizons,
+            long_task_logs_go_with_their_task,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -262,7 +263,7 @@ pub use lifecycle::{
     create_get_round_trip, full_life_records_attempts, missing_task_not_found,
     stale_execution_refused, terminal_stays_terminal,
 };
-pub use logs::task_logs_are_kept_per_attempt_within_the_cap;
+pub use logs::{long_task_logs_go_with_their_task, task_logs_are_kept_per_attempt_within_the_cap};
 pub use namespaces::{
     cluster_key_is_made_once, namespaces_keep_tasks_apart, schedules_list_by_namespace,
     tokens_are_stored_listed_and_revoked,

@@ -184,3 +184,46 @@ pub async fn task_logs_are_kept_per_attempt_within_the_cap(fixture: &dyn StoreFi
         .expect("append to a removed task");
     assert_eq!(got.unknown, 1, "lines of a removed task are not stored");
 }
+
+/// A task whose log holds more lines than one delete takes (2,500 in one
+/// attempt) goes whole with retention: its lines in bounded deletes of
+/// their own, then the task; a task inside its horizon keeps its lines.
+pub async fn long_task_logs_go_with_their_task(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store: &dyn Store = store.as_ref();
+    let cap = LogCap::default();
+    let mut ended = Vec::new();
+    for (exec, at) in [("exec-old", T0 + 10), ("exec-new", T0 + 5_000)] {
+        let t = create(store, new_task("logs"), T0).await;
+        let t = step(store, &t, dispatch(exec, "w-1", at + 60_000), at - 2).await;
+        let t = step(store, &t, ack(exec), at - 1).await;
+        store
+            .append_logs(&[batch(&t.id, exec, lines("long", 2_500), 0)], cap)
+            .await
+            .expect("append");
+        ended.push(step(store, &t, succeed(exec, b"ok"), at).await.id);
+    }
+    let n = store
+        .remove_ended(TaskState::Succeeded, T0 + 1_000, 0, 10)
+        .await
+        .expect("remove");
+    assert_eq!(n, 1, "only the task past its horizon");
+    let (attempts, gone) = store
+        .task_logs(&ended[0], &all(LogCursor::default(), 10))
+        .await
+        .expect("read");
+    assert!(
+        attempts.is_empty() && gone.is_empty(),
+        "its 2,500 lines went with it"
+    );
+    let (attempts, kept) = store
+        .task_logs(&ended[1], &all(LogCursor::default(), 3_000))
+        .await
+        .expect("read");
+    assert_eq!(
+        kept.len(),
+        2_500,
+        "the task inside its horizon keeps every line"
+    );
+    assert_eq!(attempts[0].lines, 2_500);
+}

@@ -14,10 +14,15 @@ use super::{SqlStore, args};
 use crate::decode::Columns;
 use crate::{Error, Result};
 
+/// Log lines deleted per transaction when a task with a long log goes.
+pub(super) const LOG_LINES_PER_DELETE: i64 = 1_000;
+
 impl<B: Backend> SqlStore<B> {
     /// Reads the ids (the oldest first) and deletes them in one write
     /// transaction; the delete names the terminal states again, so a row
-    /// that is not terminal can never go.
+    /// that is not terminal can never go. Long task logs go first, in
+    /// bounded transactions of their own ([`Self::drop_long_logs`]), so the
+    /// cascade of the task delete stays small.
     pub(super) async fn remove_ended_tasks(
         &self,
         state: TaskState,
@@ -35,21 +40,11 @@ impl<B: Backend> SqlStore<B> {
             return Ok(0);
         }
         let b = self.backend();
+        let chosen = args![state.as_str(), now, default_horizon_ms, sql_limit(limit)];
+        let candidates = ids_of(b.read(&b.sql().ended_ids, chosen.clone()).await?)?;
+        self.drop_long_logs(&candidates).await?;
         let mut tx = b.begin_write().await?;
-        let rows = b
-            .fetch(
-                &mut tx,
-                &b.sql().ended_ids,
-                args![state.as_str(), now, default_horizon_ms, sql_limit(limit)],
-            )
-            .await?;
-        let mut ids = Vec::with_capacity(rows.len());
-        for row in &rows {
-            ids.push(
-                row.text("id")
-                    .map_err(|e| Error::Internal(format!("bad tasks row: {e}")))?,
-            );
-        }
+        let ids = ids_of(b.fetch(&mut tx, &b.sql().ended_ids, chosen).await?)?;
         let mut removed = 0;
         for list in in_lists(&ids) {
             let n = list.len();
@@ -58,6 +53,46 @@ impl<B: Backend> SqlStore<B> {
         }
         b.commit(tx).await?;
         Ok(removed)
+    }
+
+    /// Deletes the log lines of `task_ids`' attempts that hold more than
+    /// [`LOG_LINES_PER_DELETE`], newest first, that many per transaction
+    /// (their counters stay until the task goes: they are about to).
+    async fn drop_long_logs(&self, task_ids: &[String]) -> Result<()> {
+        let b = self.backend();
+        let sql = b.sql();
+        let mut long = Vec::new();
+        for list in in_lists(task_ids) {
+            let n = list.len();
+            let mut values: crate::sql::Args = args![LOG_LINES_PER_DELETE];
+            values.extend(list.into_iter().map(Into::into));
+            for row in b.read(sql.long_logs.get(n), values).await? {
+                let bad = |e: String| Error::Internal(format!("bad task_log_attempts row: {e}"));
+                long.push((
+                    row.text("task_id").map_err(bad)?,
+                    row.int("attempt").map_err(bad)?,
+                    row.int("kept_lines").map_err(bad)?,
+                ));
+            }
+        }
+        long.sort();
+        long.dedup();
+        for (task_id, attempt, lines) in long {
+            let mut upto = lines;
+            while upto > 0 {
+                let from = (upto - LOG_LINES_PER_DELETE).max(0);
+                let mut tx = b.begin_write().await?;
+                b.exec(
+                    &mut tx,
+                    &sql.delete_log_range,
+                    args![task_id.as_str(), attempt, from, upto],
+                )
+                .await?;
+                b.commit(tx).await?;
+                upto = from;
+            }
+        }
+        Ok(())
     }
 
     /// Finds the oldest fire time to keep (the `keep`-th newest), then the
@@ -179,6 +214,16 @@ impl<B: Backend> SqlStore<B> {
             ))),
         }
     }
+}
+
+/// The `id` column of each row.
+fn ids_of<R: Columns>(rows: Vec<R>) -> Result<Vec<String>> {
+    rows.iter()
+        .map(|row| {
+            row.text("id")
+                .map_err(|e| Error::Internal(format!("bad tasks row: {e}")))
+        })
+        .collect()
 }
 
 /// The instant `v` of the first row, if any.

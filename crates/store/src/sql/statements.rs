@@ -94,6 +94,10 @@ pub struct Statements {
     pub logs_after: String,
     pub logs_of_attempt: String,
     pub insert_logs: Ladder,
+    /// Retention: the attempts of some tasks whose logs hold more than
+    /// `?` lines, and one bounded range of an attempt's lines.
+    pub long_logs: Ladder,
+    pub delete_log_range: String,
     /// `SELECT` tasks by id, for `IN` lists of ladder sizes.
     pub tasks_by_id: Ladder,
     /// The same, locking the rows in id order.
@@ -323,6 +327,15 @@ impl Statements {
                 "SELECT {LOG_COLUMNS} FROM task_logs WHERE task_id = ? AND attempt = ? \
                  AND seq > ? ORDER BY seq LIMIT ?"
             )),
+            delete_log_range: r("DELETE FROM task_logs WHERE task_id = ? AND attempt = ? \
+                 AND seq > ? AND seq <= ?"),
+            long_logs: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "SELECT task_id, attempt, kept_lines FROM task_log_attempts \
+                     WHERE kept_lines > ? AND task_id IN ({})",
+                    marks(n)
+                ))
+            }),
             insert_logs: Ladder::new(d, |d, n| {
                 d.render(&format!(
                     "INSERT INTO task_logs ({LOG_COLUMNS}) VALUES {}",
