@@ -14,7 +14,8 @@ use super::{SqlStore, args};
 use crate::decode::Columns;
 use crate::{Error, Result};
 
-/// Log lines deleted per transaction when a task with a long log goes.
+/// Log lines deleted per transaction when a task with a long log goes (the
+/// rest of a removed task's log goes in the task's own transaction).
 pub(super) const LOG_LINES_PER_DELETE: i64 = 1_000;
 
 impl<B: Backend> SqlStore<B> {
@@ -48,7 +49,16 @@ impl<B: Backend> SqlStore<B> {
         let mut removed = 0;
         for list in in_lists(&ids) {
             let n = list.len();
-            let values = list.into_iter().map(Into::into).collect();
+            let values: crate::sql::Args = list.into_iter().map(Into::into).collect();
+            // Logs have no foreign key to their task: they go here, with it.
+            b.exec(&mut tx, b.sql().delete_logs_of.get(n), values.clone())
+                .await?;
+            b.exec(
+                &mut tx,
+                b.sql().delete_log_attempts_of.get(n),
+                values.clone(),
+            )
+            .await?;
             removed += b.exec(&mut tx, b.sql().delete_ended.get(n), values).await?;
         }
         b.commit(tx).await?;

@@ -97,6 +97,9 @@ pub struct Statements {
     /// Retention: the attempts of some tasks whose logs hold more than
     /// `?` lines, and one bounded range of an attempt's lines.
     pub long_logs: Ladder,
+    /// Retention: the logs of tasks by id (no foreign key takes them).
+    pub delete_logs_of: Ladder,
+    pub delete_log_attempts_of: Ladder,
     pub delete_log_range: String,
     /// `SELECT` tasks by id, for `IN` lists of ladder sizes.
     pub tasks_by_id: Ladder,
@@ -329,6 +332,18 @@ impl Statements {
             )),
             delete_log_range: r("DELETE FROM task_logs WHERE task_id = ? AND attempt = ? \
                  AND seq > ? AND seq <= ?"),
+            delete_logs_of: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "DELETE FROM task_logs WHERE task_id IN ({})",
+                    marks(n)
+                ))
+            }),
+            delete_log_attempts_of: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "DELETE FROM task_log_attempts WHERE task_id IN ({})",
+                    marks(n)
+                ))
+            }),
             long_logs: Ladder::new(d, |d, n| {
                 d.render(&format!(
                     "SELECT task_id, attempt, kept_lines FROM task_log_attempts \
