@@ -27,6 +27,10 @@ const FOLLOW_PAGE: usize = 1_000;
 /// How often a follower looks for lines written by other replicas (lines
 /// written on this node wake it at once).
 const FOLLOW_POLL: Duration = Duration::from_millis(500);
+/// A follower reads its task's state at least every this many polls, even
+/// when no change was heard (a task ended on another replica of a store
+/// without change notifications is heard of no other way).
+const STATE_EVERY_POLLS: u32 = 4;
 /// After its task ended, how long a follower still waits for lines the
 /// worker sent before its result (they are written in their own batch).
 const SETTLE: Duration = Duration::from_secs(1);
@@ -101,6 +105,7 @@ pub(crate) async fn watch(
         let mut ends_at = first.state.is_terminal().then(|| Instant::now() + SETTLE);
         // Whether the log writer's and the store's news still come.
         let mut hearing = (true, true);
+        let mut polls = 0u32;
         loop {
             let query = LogQuery {
                 attempt,
@@ -145,7 +150,10 @@ pub(crate) async fn watch(
             let check_task = loop {
                 tokio::select! {
                     _ = tx.closed() => return,
-                    () = &mut timer => break !hearing.1,
+                    () = &mut timer => {
+                        polls = polls.wrapping_add(1);
+                        break !hearing.1 || polls % STATE_EVERY_POLLS == 0;
+                    }
                     w = written.recv(), if hearing.0 => match w {
                         Ok(t) if *t == *id => break false,
                         Ok(_) => {}

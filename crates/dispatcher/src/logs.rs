@@ -33,6 +33,14 @@ pub const MAX_LINE_BYTES: usize = 16 * 1024;
 /// lines beyond are counted as dropped.
 pub const MAX_LINES_PER_MESSAGE: usize = 1_000;
 
+/// Latest line time kept as sent: 9999-12-31T23:59:59.999Z, the last
+/// instant a protobuf Timestamp (and so REST's JSON) can show. A time
+/// before 1970 or past this is read as the arrival time.
+const LATEST_LINE_MS: UnixMillis = 253_402_300_799_999;
+/// Most lines one message may say it dropped (the counters are 64-bit
+/// sums: a sender cannot overflow them with any number of messages).
+const MAX_DROPPED_PER_MESSAGE: u64 = 1 << 32;
+
 /// Lines one store transaction takes at most.
 const FLUSH_LINES: usize = 5_000;
 /// Writes of a flush the store refused as transient are tried this often.
@@ -45,6 +53,10 @@ pub struct LogOptions {
     pub cap: LogCap,
     /// Lines queued on this node for writing; past it new lines are shed.
     pub queue_lines: usize,
+    /// Bytes of line text queued on this node; past it new lines are shed
+    /// (lines may be 16 KiB each: the line bound alone would let a chatty
+    /// worker queue 1.6 GB).
+    pub queue_bytes: usize,
 }
 
 impl Default for LogOptions {
@@ -52,6 +64,7 @@ impl Default for LogOptions {
         LogOptions {
             cap: LogCap::default(),
             queue_lines: 100_000,
+            queue_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -60,15 +73,17 @@ impl Default for LogOptions {
 #[derive(Clone)]
 pub struct LogWriter {
     tx: mpsc::UnboundedSender<LogBatch>,
-    queued: Arc<AtomicUsize>,
-    limit: usize,
+    /// Lines and text bytes queued.
+    queued: Arc<(AtomicUsize, AtomicUsize)>,
+    limit: (usize, usize),
     written: broadcast::Sender<Arc<str>>,
 }
 
 impl std::fmt::Debug for LogWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogWriter")
-            .field("queued", &self.queued.load(Ordering::Relaxed))
+            .field("queued_lines", &self.queued.0.load(Ordering::Relaxed))
+            .field("queued_bytes", &self.queued.1.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -77,30 +92,32 @@ impl LogWriter {
     /// Starts the writer task over `store`.
     pub fn start(store: Arc<dyn Store>, opts: LogOptions) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<LogBatch>();
-        let queued = Arc::new(AtomicUsize::new(0));
+        let queued = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
         let (written, _) = broadcast::channel(1_024);
         let handle = LogWriter {
             tx,
             queued: queued.clone(),
-            limit: opts.queue_lines.max(1),
+            limit: (opts.queue_lines.max(1), opts.queue_bytes.max(1)),
             written: written.clone(),
         };
         tokio::spawn(async move {
             let mut batches: Vec<LogBatch> = Vec::new();
             while let Some(first) = rx.recv().await {
-                let mut lines = first.lines.len();
+                let (mut lines, mut bytes) = (first.lines.len(), text_bytes(&first));
                 batches.push(first);
                 while lines < FLUSH_LINES {
                     match rx.try_recv() {
                         Ok(b) => {
                             lines += b.lines.len();
+                            bytes += text_bytes(&b);
                             batches.push(b);
                         }
                         Err(_) => break,
                     }
                 }
                 flush(&*store, opts.cap, &batches).await;
-                queued.fetch_sub(lines, Ordering::Relaxed);
+                queued.0.fetch_sub(lines, Ordering::Relaxed);
+                queued.1.fetch_sub(bytes, Ordering::Relaxed);
                 for b in batches.drain(..) {
                     let _ = written.send(Arc::from(b.task_id.as_str()));
                 }
@@ -112,15 +129,21 @@ impl LogWriter {
     /// Queues `batch` for the next flush; false (and the lines counted as
     /// shed) when the queue is full.
     pub fn offer(&self, batch: LogBatch) -> bool {
-        let n = batch.lines.len();
-        let before = self.queued.fetch_add(n, Ordering::Relaxed);
-        if before + n > self.limit && before > 0 {
-            self.queued.fetch_sub(n, Ordering::Relaxed);
+        let (n, bytes) = (batch.lines.len(), text_bytes(&batch));
+        let lines_before = self.queued.0.fetch_add(n, Ordering::Relaxed);
+        let bytes_before = self.queued.1.fetch_add(bytes, Ordering::Relaxed);
+        let back = || {
+            self.queued.0.fetch_sub(n, Ordering::Relaxed);
+            self.queued.1.fetch_sub(bytes, Ordering::Relaxed);
+        };
+        let full = lines_before + n > self.limit.0 || bytes_before + bytes > self.limit.1;
+        if full && lines_before > 0 {
+            back();
             metrics::counter!(LOG_LINES_TOTAL, "outcome" => "shed").increment(n as u64);
             return false;
         }
         if self.tx.send(batch).is_err() {
-            self.queued.fetch_sub(n, Ordering::Relaxed);
+            back();
             return false;
         }
         true
@@ -131,6 +154,11 @@ impl LogWriter {
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<str>> {
         self.written.subscribe()
     }
+}
+
+/// The bytes of `batch`'s line text.
+fn text_bytes(batch: &LogBatch) -> usize {
+    batch.lines.iter().map(|l| l.message.len()).sum()
 }
 
 async fn flush(store: &dyn Store, cap: LogCap, batches: &[LogBatch]) {
@@ -167,8 +195,9 @@ async fn flush(store: &dyn Store, cap: LogCap, batches: &[LogBatch]) {
 
 /// The batch of a worker's `TaskLogs` message received at `now`: lines cut
 /// to the contract's limits (over-long text cut at a character boundary,
-/// lines past the per-message limit counted as dropped), unset times read
-/// as `now`.
+/// lines past the per-message limit counted as dropped, NUL characters —
+/// which Postgres's text refuses — replaced), unset times and times no
+/// Timestamp can show read as `now`.
 pub fn batch_of(logs: pb::TaskLogs, now: UnixMillis) -> LogBatch {
     let extra = logs.lines.len().saturating_sub(MAX_LINES_PER_MESSAGE) as u64;
     let lines = logs
@@ -176,10 +205,12 @@ pub fn batch_of(logs: pb::TaskLogs, now: UnixMillis) -> LogBatch {
         .into_iter()
         .take(MAX_LINES_PER_MESSAGE)
         .map(|l| LogLine {
-            at: l.time.map_or(now, |t| {
-                t.seconds.saturating_mul(1_000)
-                    + i64::from(t.nanos.clamp(0, 999_999_999) / 1_000_000)
-            }),
+            at: l
+                .time
+                .as_ref()
+                .and_then(crate::convert::millis_of)
+                .filter(|ms| (0..=LATEST_LINE_MS).contains(ms))
+                .unwrap_or(now),
             level: level_of(l.level),
             message: cut(l.message, MAX_LINE_BYTES),
         })
@@ -188,7 +219,10 @@ pub fn batch_of(logs: pb::TaskLogs, now: UnixMillis) -> LogBatch {
         task_id: logs.task_id,
         execution_id: logs.execution_id,
         lines,
-        dropped: logs.dropped.saturating_add(extra),
+        dropped: logs
+            .dropped
+            .min(MAX_DROPPED_PER_MESSAGE)
+            .saturating_add(extra),
     }
 }
 
@@ -216,6 +250,9 @@ pub fn level_to_pb(level: LogLevel) -> pb::LogLevel {
 
 /// `s` cut to at most `max` bytes at a character boundary.
 fn cut(mut s: String, max: usize) -> String {
+    if s.contains('\0') {
+        s = s.replace('\0', "\u{FFFD}");
+    }
     if s.len() > max {
         let mut end = max;
         while !s.is_char_boundary(end) {
@@ -252,5 +289,63 @@ mod tests {
         );
         assert_eq!(b.lines[0].message.len(), MAX_LINE_BYTES);
         assert_eq!((b.lines[0].at, b.lines[0].level), (42, LogLevel::Info));
+    }
+
+    #[test]
+    fn times_no_timestamp_can_show_nul_and_huge_drop_counts_are_tamed() {
+        let at = |seconds: i64, nanos: i32| pb::LogLine {
+            time: Some(prost_types::Timestamp { seconds, nanos }),
+            level: 0,
+            message: "a\0b".into(),
+        };
+        let logs = pb::TaskLogs {
+            task_id: "t".into(),
+            execution_id: "e".into(),
+            lines: vec![
+                at(i64::MAX, 999_999_999),
+                at(-5, 0),
+                at(253_402_300_800, 0),
+                at(1_700_000_000, 5_000_000),
+                at(1, -1),
+            ],
+            dropped: u64::MAX,
+        };
+        let b = batch_of(logs, 42);
+        let times: Vec<i64> = b.lines.iter().map(|l| l.at).collect();
+        assert_eq!(times, [42, 42, 42, 1_700_000_000_005, 42]);
+        assert!(b.lines.iter().all(|l| l.message == "a\u{FFFD}b"));
+        assert_eq!(b.dropped, MAX_DROPPED_PER_MESSAGE);
+    }
+
+    #[test]
+    fn the_queue_sheds_on_bytes_as_well_as_lines() {
+        // A writer whose queue nobody takes from: what is offered stays.
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let w = LogWriter {
+            tx,
+            queued: Arc::new((AtomicUsize::new(0), AtomicUsize::new(0))),
+            limit: (3, 100),
+            written: broadcast::channel(1).0,
+        };
+        let batch = |bytes: usize| LogBatch {
+            task_id: "t".into(),
+            execution_id: "e".into(),
+            lines: vec![LogLine {
+                at: 0,
+                level: LogLevel::Info,
+                message: "x".repeat(bytes),
+            }],
+            dropped: 0,
+        };
+        assert!(w.offer(batch(60)));
+        assert!(!w.offer(batch(50)), "60 + 50 bytes is past 100");
+        assert!(w.offer(batch(40)), "60 + 40 fits");
+        assert!(
+            !w.offer(batch(1)),
+            "3 lines are within 3, but 101 bytes are past 100"
+        );
+        w.queued.1.store(0, Ordering::Relaxed);
+        assert!(w.offer(batch(0)), "3 lines, 0 bytes: within both");
+        assert!(!w.offer(batch(0)), "a fourth line is past 3");
     }
 }

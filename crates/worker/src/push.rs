@@ -68,6 +68,10 @@ struct Push {
     draining: AtomicBool,
     /// Running attempts whose log lines this worker sends, by execution id.
     attempts: Mutex<HashMap<String, logs::Held>>,
+    /// One sender of log lines at a time (the flush loop or an attempt's
+    /// release), so an attempt's lines reach its server in order and
+    /// before its result.
+    log_send: tokio::sync::Mutex<()>,
     /// Given to the servers at registration; they present it on every
     /// `Worker` call, and the service refuses calls without it.
     server_secret: Secret,
@@ -270,6 +274,7 @@ pub(crate) async fn run(
         clients: Mutex::new(HashMap::new()),
         draining: AtomicBool::new(false),
         attempts: Mutex::new(HashMap::new()),
+        log_send: tokio::sync::Mutex::new(()),
         server_secret: new_server_secret(),
     });
     let worker_id = shared.opts.worker_id.as_str();

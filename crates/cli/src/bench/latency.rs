@@ -243,15 +243,24 @@ async fn fill_pending(rig: &Rig, pending: u64, batch: usize) -> anyhow::Result<(
     Ok(())
 }
 
-/// Writes `ended` CANCELLED tasks that ended 30 days ago, straight into
-/// the node's store (1,000 per create and per cancel), of a handler no
-/// worker serves.
+/// Ended tasks written through the store before the rest are copied in the
+/// database ([`super::fill`]).
+const ENDED_SEED: u64 = 10_000;
+
+/// Writes `ended` CANCELLED tasks that ended 30 days ago, of a handler no
+/// worker serves: the first [`ENDED_SEED`] straight into the node's store
+/// (1,000 per create and per cancel), the rest copies of those made in the
+/// database.
 async fn fill_ended(rig: &Rig, ended: u64) -> anyhow::Result<()> {
     let store = rig.node.store.clone();
     let past = taskmesh_core::Clock::now_millis(&taskmesh_core::SystemClock) - 30 * 24 * 3_600_000;
     let mut bar = load::progress(ended, "ended");
     let mut done = 0u64;
-    while done < ended {
+    let seed = match rig.fill_target() {
+        Some(_) => ended.min(ENDED_SEED),
+        None => ended,
+    };
+    while done < seed {
         let n = (ended - done).min(1_000) as usize;
         let tasks = (0..n)
             // A handler no bench worker serves: never dispatched.
@@ -275,13 +284,25 @@ async fn fill_ended(rig: &Rig, ended: u64) -> anyhow::Result<()> {
         done += n as u64;
         bar.set_position(done);
     }
+    if let Some(target) = rig.fill_target()
+        && done < ended
+    {
+        super::fill::copy_tasks(&target, "bench-ended", ended - done, |copied| {
+            bar.set_position(done + copied)
+        })
+        .await?;
+    }
     bar.finish_and_clear();
     Ok(())
 }
 
-/// How many tasks are in `state` (paging through the store, 1,000 a page).
+/// How many tasks are in `state` (one count in the database, or paging
+/// through the store, 1,000 a page).
 async fn count_state(rig: &Rig, state: taskmesh_core::TaskState) -> anyhow::Result<u64> {
-    count_in(rig.node.store.as_ref(), state).await
+    match rig.fill_target() {
+        Some(target) => super::fill::count_state(&target, state).await,
+        None => count_in(rig.node.store.as_ref(), state).await,
+    }
 }
 
 /// How many tasks of `store` are in `state` (listed a page at a time).

@@ -5,6 +5,7 @@
 mod cpu;
 mod cron;
 mod fairness;
+mod fill;
 mod fleet;
 mod latency;
 mod load;

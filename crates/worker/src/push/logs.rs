@@ -34,6 +34,7 @@ impl Push {
     /// Sends the buffered lines of running attempts (of `only`, if given),
     /// best effort: a line the server does not take is not sent again.
     pub(super) async fn send_logs(&self, only: Option<&str>) {
+        let _one_sender = self.log_send.lock().await;
         let held: HashMap<String, Held> = lock(&self.attempts).clone();
         let messages = self.shared.logs.take(
             |e| held.contains_key(e) && only.is_none_or(|o| o == e),
