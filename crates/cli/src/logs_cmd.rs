@@ -98,11 +98,28 @@ fn print_line(line: &pb::TaskLogEntry, output: Output) -> anyhow::Result<()> {
                 "{} {level:<5} [{}] {}",
                 ts(&line.time),
                 line.attempt,
-                line.message
+                printable(&line.message)
             );
             Ok(())
         }
     }
+}
+
+/// A worker's text as it may reach a terminal: control characters (an
+/// escape sequence could move the cursor or rewrite what was printed) are
+/// shown escaped, tabs kept.
+fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() && c != '\t') {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| match c {
+            '\t' => c.to_string(),
+            c if c.is_control() => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect::<String>()
+        .into()
 }
 
 fn print_compact(line: &pb::TaskLogEntry) -> anyhow::Result<()> {
@@ -134,5 +151,17 @@ fn notes(attempts: &[pb::AttemptLogs]) {
                 a.attempt, a.dropped
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn control_characters_are_escaped_for_the_terminal() {
+        assert_eq!(super::printable("plain\ttext"), "plain\ttext");
+        assert_eq!(
+            super::printable("a\u{1b}[2Jb\nc\u{7}"),
+            "a\\u{1b}[2Jb\\nc\\u{7}"
+        );
     }
 }

@@ -152,7 +152,7 @@ pub(crate) async fn watch(
                     _ = tx.closed() => return,
                     () = &mut timer => {
                         polls = polls.wrapping_add(1);
-                        break !hearing.1 || polls % STATE_EVERY_POLLS == 0;
+                        break !hearing.1 || polls.is_multiple_of(STATE_EVERY_POLLS);
                     }
                     w = written.recv(), if hearing.0 => match w {
                         Ok(t) if *t == *id => break false,

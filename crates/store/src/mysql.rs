@@ -51,6 +51,7 @@ static DIALECT: Dialect = Dialect {
     false_lit: "FALSE",
     due_state: "state",
     ready_from: "tasks",
+    ended_from: "tasks t FORCE INDEX (tasks_ended)",
     bulk: BulkForm::JoinUnion,
     ignore_duplicate: " ON DUPLICATE KEY UPDATE {k0} = {k0}",
 };

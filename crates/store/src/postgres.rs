@@ -48,6 +48,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     false_lit: "FALSE",
     due_state: "state",
     ready_from: "tasks",
+    ended_from: "tasks t",
     bulk: BulkForm::ValuesAliased,
     ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",
 };

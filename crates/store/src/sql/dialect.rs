@@ -5,7 +5,8 @@
 //! (Postgres casts it to `jsonb`), and `{name}` for the few fragments that
 //! differ: `{lock}` (row locks of a read-modify-write), `{skip_locked}`
 //! (claims), `{labels}` / `{template}` (reading a JSON column as text),
-//! `{false}`, `{due_state}` and `{ready_from}` (SQLite planner hints).
+//! `{false}`, `{due_state}` and `{ready_from}` (SQLite planner hints),
+//! `{ended_from}` (a MySQL one).
 //! Placeholders become `$1, $2, …` where the dialect numbers them.
 //!
 //! Statements with a row count in them (multi-row inserts, `IN` lists) come
@@ -54,6 +55,9 @@ pub struct Dialect {
     pub due_state: &'static str,
     /// The table of the READY count (SQLite names its index).
     pub ready_from: &'static str,
+    /// The tasks table of retention's scan, as `t` (MySQL names
+    /// `tasks_ended`: on few rows MariaDB sorts by hand instead).
+    pub ended_from: &'static str,
     /// Bulk compare-and-set form.
     pub bulk: BulkForm,
     /// What follows an insert that must ignore a duplicate of the key
@@ -72,7 +76,8 @@ impl Dialect {
             .replace("{skip_locked}", self.skip_locked)
             .replace("{false}", self.false_lit)
             .replace("{due_state}", self.due_state)
-            .replace("{ready_from}", self.ready_from);
+            .replace("{ready_from}", self.ready_from)
+            .replace("{ended_from}", self.ended_from);
         let mut out = String::with_capacity(text.len() + 64);
         let mut n = 0;
         let mut chars = text.chars().peekable();

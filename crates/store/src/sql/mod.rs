@@ -156,6 +156,9 @@ pub(crate) mod testing {
                 &sql.list[list_index(true, false, true, true)],
                 "ntti",
             ),
+            // Retention's scan: a range of ended tasks in the order they
+            // ended, never those kept.
+            ("tasks_ended", &sql.ended_ids, "tiiii"),
             ("schedules_due", &sql.due_schedules, "ii"),
             ("schedules_due", &sql.next_schedule_due, ""),
         ]

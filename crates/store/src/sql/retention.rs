@@ -41,7 +41,24 @@ impl<B: Backend> SqlStore<B> {
             return Ok(0);
         }
         let b = self.backend();
-        let chosen = args![state.as_str(), now, default_horizon_ms, sql_limit(limit)];
+        // No task ended later than the shortest horizon that can apply.
+        let shortest = b
+            .read(&b.sql().shortest_horizon, args![state.as_str()])
+            .await?
+            .first()
+            .map(|row| row.opt_int("h"))
+            .transpose()
+            .map_err(|e| Error::Internal(format!("bad retention_policies minimum: {e}")))?
+            .flatten()
+            .map_or(default_horizon_ms, |h| h.min(default_horizon_ms));
+        let bound = now.saturating_sub(shortest.max(0));
+        let chosen = args![
+            state.as_str(),
+            bound,
+            now,
+            default_horizon_ms,
+            sql_limit(limit)
+        ];
         let candidates = ids_of(b.read(&b.sql().ended_ids, chosen.clone()).await?)?;
         self.drop_long_logs(&candidates).await?;
         let mut tx = b.begin_write().await?;

@@ -63,8 +63,12 @@ pub struct Statements {
     pub recent_fires: String,
     /// Retention: the oldest tasks of a terminal state that ended longer
     /// ago than their horizon (the handler's, else the namespace's, else
-    /// the one bound), without a callback still to deliver.
+    /// the one bound), without a callback still to deliver. The first
+    /// time bound (now less the shortest horizon that applies) makes it a
+    /// range scan of `tasks_ended`, so tasks kept are never visited.
     pub ended_ids: String,
+    /// The shortest horizon set through the API for a state (none: NULL).
+    pub shortest_horizon: String,
     /// Retention horizons set through the API.
     pub delete_retention: String,
     pub insert_retention: String,
@@ -274,15 +278,19 @@ impl Statements {
                 "SELECT fire_at, handled_at, outcome, task_id FROM schedule_fires \
                  WHERE schedule_id = ? ORDER BY fire_at DESC LIMIT ?",
             ),
-            ended_ids: r("SELECT t.id AS id FROM tasks t \
+            ended_ids: r("SELECT t.id AS id FROM {ended_from} \
                  LEFT JOIN retention_policies h ON h.namespace = t.namespace \
                  AND h.handler = t.handler AND h.state = t.state \
                  LEFT JOIN retention_policies n ON n.namespace = t.namespace \
                  AND n.handler = '' AND n.state = t.state \
-                 WHERE t.state = ? AND t.ended_at < ? - COALESCE(h.horizon_ms, n.horizon_ms, ?) \
+                 WHERE t.state = ? AND t.ended_at IS NOT NULL AND t.ended_at < ? \
+                 AND t.ended_at < ? - COALESCE(h.horizon_ms, n.horizon_ms, ?) \
                  AND NOT EXISTS (SELECT 1 FROM callbacks c \
                  WHERE c.task_id = t.id AND c.state = 'PENDING') \
-                 ORDER BY t.id LIMIT ?"),
+                 ORDER BY t.ended_at LIMIT ?"),
+            shortest_horizon: r(
+                "SELECT MIN(horizon_ms) AS h FROM retention_policies WHERE state = ?",
+            ),
             delete_retention: r(
                 "DELETE FROM retention_policies WHERE namespace = ? AND handler = ?",
             ),
