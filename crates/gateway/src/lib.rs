@@ -3,7 +3,8 @@
 //! JSON ↔ protobuf by the proto3 JSON mapping, each request forwarded to
 //! the node's own gRPC port through a generic client, server streaming as
 //! Server-Sent Events, and the OpenAPI 3 document generated from the same
-//! descriptors. Also the node's `/healthz` and `/readyz`.
+//! descriptors. Also the node's `/healthz` and `/readyz`, and the web
+//! console's embedded files at `/ui/` (`console`).
 //!
 //! Architecture invariant: nothing here is written per endpoint, and this
 //! crate never links the service implementation: it knows the contract
@@ -12,6 +13,7 @@
 //! implementation, one validation and one set of limits.
 
 mod backend;
+pub mod console;
 mod error;
 mod handler;
 mod health;
@@ -157,6 +159,8 @@ impl Gateway {
                     }
                 }),
             )
+            // The web console's files, before the transcoding fallback.
+            .merge(console::routes())
             .method_not_allowed_fallback(handler::method_not_allowed)
             .fallback(handler::transcode)
             .with_state(self.shared.clone())
