@@ -152,6 +152,9 @@ pub struct ListArgs {
     /// Only this handler.
     #[arg(long)]
     handler: Option<String>,
+    /// Only tasks carrying this label: KEY (any value) or KEY=VALUE.
+    #[arg(long, value_name = "KEY[=VALUE]")]
+    label: Option<String>,
     /// Page size (1-1000).
     #[arg(long, default_value_t = 20)]
     limit: u32,
@@ -316,6 +319,8 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
             page_token: args.page_token.unwrap_or_default(),
             namespace: args.common.namespace.clone(),
             view: pb::TaskView::Summary as i32,
+            label: args.label.unwrap_or_default(),
+            ..Default::default()
         })
         .await
         .map_err(status_error)?

@@ -104,6 +104,7 @@ where
 /// A registry entry for `session` held by `node`.
 pub fn entry(session: &str, node: &str) -> WorkerEntry {
     WorkerEntry {
+        push: false,
         session_id: session.into(),
         worker_id: format!("w-{session}"),
         namespace: "default".into(),
@@ -158,6 +159,13 @@ pub async fn one_holder_at_a_time(f: &dyn CoordinatorFixture) {
         assert_eq!(acquire(&*b).await, None, "b must not get a held lease");
         assert_eq!(held(&*a).await.token, lease.token);
     }
+    // Both see who leads.
+    for node in [&a, &b] {
+        assert_eq!(
+            node.leader().await.expect("leader").as_deref(),
+            Some("node-a")
+        );
+    }
 }
 
 /// Renewing keeps the token and moves the expiry forward (or keeps it).
@@ -197,7 +205,13 @@ pub async fn resign_hands_over_with_a_larger_token(f: &dyn CoordinatorFixture) {
     let b = f.open("node-b", LONG).await;
     let first = held(&*a).await;
     a.resign().await.expect("resign");
+    assert_eq!(
+        b.leader().await.expect("leader"),
+        None,
+        "nobody leads after a resign"
+    );
     let second = held(&*b).await;
+    assert_eq!(a.leader().await.expect("leader").as_deref(), Some("node-b"));
     assert!(
         second.token > first.token,
         "{second:?} must be newer than {first:?}"

@@ -95,6 +95,9 @@ pub struct WorkerEntry {
     pub last_seen: UnixMillis,
     /// True once draining.
     pub draining: bool,
+    /// True for a push worker (the dispatcher calls its Worker service);
+    /// false for one holding a stream.
+    pub push: bool,
 }
 
 /// Load figures from a heartbeat plus the dispatcher's own count.
@@ -138,6 +141,10 @@ pub trait Coordinator: Send + Sync + 'static {
     /// Gives the lease up (on shutdown), so a successor need not wait for it
     /// to lapse. Does nothing when another node holds it.
     async fn resign(&self) -> Result<()>;
+
+    /// The node holding the lease now, if any (for operators' views; a
+    /// node acts as leader only on its own `acquire_or_renew`).
+    async fn leader(&self) -> Result<Option<String>>;
 
     /// Adds or replaces a worker stream in the registry. Backends shared by
     /// many replicas forget an entry that is not put again within their

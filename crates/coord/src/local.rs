@@ -122,6 +122,16 @@ impl Coordinator for LocalCoordinator {
         Ok(Some(lease))
     }
 
+    async fn leader(&self) -> Result<Option<String>> {
+        let now = self.clock.now_millis();
+        Ok(self
+            .lock()
+            .held
+            .as_ref()
+            .filter(|(_, lease)| lease.expires_at > now)
+            .map(|(holder, _)| holder.clone()))
+    }
+
     async fn resign(&self) -> Result<()> {
         let mut st = self.lock();
         if st.held.as_ref().is_some_and(|(h, _)| *h == self.node_id) {
@@ -253,6 +263,7 @@ mod tests {
         let (c, _) = coord();
         for s in ["s2", "s1"] {
             c.put_worker(WorkerEntry {
+                push: false,
                 session_id: s.into(),
                 worker_id: format!("w-{s}"),
                 namespace: "default".into(),

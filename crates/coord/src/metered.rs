@@ -58,6 +58,10 @@ impl<C: Coordinator> Coordinator for Metered<C> {
         self.timed("resign", self.inner.resign()).await
     }
 
+    async fn leader(&self) -> Result<Option<String>> {
+        self.timed("leader", self.inner.leader()).await
+    }
+
     async fn put_worker(&self, entry: WorkerEntry) -> Result<()> {
         self.timed("put_worker", self.inner.put_worker(entry)).await
     }

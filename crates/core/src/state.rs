@@ -178,6 +178,10 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// A caller asked a task that FAILED, TIMED_OUT or was CANCELLED to run
+    /// again (RetryTask): it goes back to READY with a fresh run budget of
+    /// its retry policy's `max_attempts`, keeping its earlier attempts.
+    Rerun,
 }
 
 /// A refused event: the task is left as it was.
@@ -229,6 +233,10 @@ pub struct Transition {
     pub task: TaskRecord,
     /// The attempts change.
     pub attempt: AttemptChange,
+    /// True when an ended task was opened again ([`Event::Rerun`]): the
+    /// store drops the callback of its earlier end, so its next end queues
+    /// a new one.
+    pub reopened: bool,
 }
 
 impl Event {
@@ -243,6 +251,7 @@ impl Event {
             Event::TimeOut { .. } => "time out",
             Event::Defer { .. } => "defer",
             Event::Cancel { .. } => "cancel",
+            Event::Rerun => "run again",
         }
     }
 }
@@ -269,6 +278,9 @@ pub fn apply(
             })
         }
     };
+    if let Event::Rerun = event {
+        return rerun(task, now).ok_or_else(illegal);
+    }
     if task.state.is_terminal() {
         return Err(illegal());
     }
@@ -417,10 +429,37 @@ pub fn apply(
             };
             enter(&mut next, Cancelled, now);
         }
+        Event::Rerun => unreachable!("handled before the terminal check"),
     }
     Ok(Transition {
         task: next,
         attempt: change,
+        reopened: false,
+    })
+}
+
+/// [`Event::Rerun`]: `None` unless the task ended without succeeding.
+fn rerun(task: &TaskRecord, now: UnixMillis) -> Option<Transition> {
+    use TaskState::*;
+    if !matches!(task.state, Failed | TimedOut | Cancelled) {
+        return None;
+    }
+    let mut next = task.clone();
+    next.version = task.version + 1;
+    next.updated_at = now;
+    next.attempts = Vec::new();
+    next.callback = None;
+    // The budget counts runs (run_count against max_attempts): a retry
+    // starts a new round of them. Attempt numbers go on from the last.
+    next.run_count = 0;
+    next.error_message.clear();
+    next.output = None;
+    next.times.end = None;
+    enter(&mut next, Ready, now);
+    Some(Transition {
+        task: next,
+        attempt: AttemptChange::None,
+        reopened: true,
     })
 }
 

@@ -23,6 +23,9 @@ use croner::{
 
 use crate::UnixMillis;
 
+mod dst;
+pub use dst::dst_notes;
+
 /// Longest search through cron matches before giving up (a pattern such as
 /// "30 February" never matches).
 const MAX_STEPS: usize = 100_000;

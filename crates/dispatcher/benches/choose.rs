@@ -76,6 +76,7 @@ fn reserve_and_finish_among_1000(bencher: Bencher, name: &str) {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         keep.push(rx);
         registry.insert(Registration {
+            push: false,
             session_id: format!("session-{i}"),
             namespace: taskmesh_core::validate::DEFAULT_NAMESPACE.into(),
             owner: String::new(),

@@ -200,8 +200,12 @@ pub fn need_of(path: &str, open_reflection: bool) -> Option<Need> {
             | "ListWorkers"
             | "GetSchedule"
             | "ListSchedules"
-            | "ListCircuitBreakers" => Need::Read,
+            | "ListCircuitBreakers"
+            | "GetStats"
+            | "PreviewSchedule" => Need::Read,
             "AckTask" => Need::Work,
+            // Draining a worker is an operator's act, not a submitter's.
+            "DrainWorker" => Need::Admin,
             _ => Need::Write,
         },
         _ => return None,

@@ -15,6 +15,10 @@ pub enum Error {
     /// The caller is known but may not do this.
     #[error("{0}")]
     PermissionDenied(String),
+    /// The request is well formed but the thing it names is not in a state
+    /// that allows it (retrying a task that succeeded).
+    #[error("{0}")]
+    FailedPrecondition(String),
     /// A quota or rate of the caller's namespace is used up.
     #[error("{message}")]
     ResourceExhausted {
@@ -47,6 +51,7 @@ impl Error {
             Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Error::NotFound(_) => ErrorCode::NotFound,
             Error::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            Error::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
             Error::ResourceExhausted { .. } => ErrorCode::ResourceExhausted,
             Error::Store(e) => e.code(),
             Error::Coord(e) => e.code(),

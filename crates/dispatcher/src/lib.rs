@@ -18,6 +18,7 @@ pub mod layers;
 mod log_api;
 mod logs;
 mod lost;
+mod ops_api;
 mod push;
 pub mod quota;
 mod registry;

@@ -275,6 +275,7 @@ pub(crate) async fn register(
 
     let session_id = id::new_session_id();
     let entry = WorkerEntry {
+        push: true,
         session_id: session_id.clone(),
         worker_id: reg.worker_id.clone(),
         namespace: namespace.clone(),
@@ -318,6 +319,7 @@ pub(crate) async fn register(
         },
     );
     shared.registry.insert(Registration {
+        push: true,
         session_id: session_id.clone(),
         worker_id: reg.worker_id.clone(),
         namespace: namespace.clone(),

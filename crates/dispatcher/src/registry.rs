@@ -58,6 +58,8 @@ pub struct Registration {
     pub tx: StreamTx,
     /// When it registered.
     pub now: UnixMillis,
+    /// True for a push worker (its `tx` feeds the push loop, not a stream).
+    pub push: bool,
 }
 
 /// Figures from one heartbeat.
@@ -318,6 +320,28 @@ impl Registry {
         }
     }
 
+    /// Marks every session of `worker_id` in `namespace` draining: it gets
+    /// no new task and finishes those it has. The worker is not told (the
+    /// SDKs answer a server's drain by reconnecting, which would start a
+    /// fresh session that takes tasks). Returns how many were found.
+    pub fn drain_worker(&self, namespace: &str, worker_id: &str) -> usize {
+        let mut inner = self.lock();
+        let sessions: Vec<String> = inner
+            .sessions
+            .values()
+            .filter(|s| s.reg.namespace == namespace && s.reg.worker_id == worker_id)
+            .map(|s| s.reg.session_id.clone())
+            .collect();
+        for id in &sessions {
+            let Some(s) = inner.sessions.get_mut(id) else {
+                continue;
+            };
+            s.draining = true;
+            inner.refresh(id);
+        }
+        sessions.len()
+    }
+
     /// Who owns the sessions of `worker_id` on this node, if it has any.
     pub fn owner_of(&self, worker_id: &str) -> Option<String> {
         self.lock()
@@ -512,6 +536,7 @@ impl Registry {
                     session_id: s.reg.session_id.clone(),
                     node_id: node_id.to_string(),
                     namespace: s.reg.namespace.clone(),
+                    mode: worker_mode(s.reg.push).into(),
                 }
             })
             .collect()
@@ -524,6 +549,15 @@ impl Registry {
             .values()
             .map(|s| s.reg.tx.clone())
             .collect()
+    }
+}
+
+/// The wire mode of a worker registered as push (or not).
+pub fn worker_mode(push: bool) -> pb::WorkerMode {
+    if push {
+        pb::WorkerMode::Push
+    } else {
+        pb::WorkerMode::Stream
     }
 }
 

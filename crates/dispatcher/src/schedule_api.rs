@@ -289,13 +289,14 @@ pub(crate) fn fire_to_pb(f: &FireRecord) -> pb::ScheduleFire {
     }
 }
 
-/// Creates a schedule from a definition.
-pub(crate) async fn create(
+/// A schedule record made from `def` in `namespace` at `now`, validated
+/// as CreateSchedule validates it, not yet stored (its next fire unset).
+pub(crate) fn draft(
     shared: &Shared,
     namespace: String,
     def: pb::Schedule,
+    now: i64,
 ) -> Result<ScheduleRecord, Error> {
-    let now = shared.clock.now_millis();
     let mut s = ScheduleRecord {
         id: id::new_task_id(),
         namespace,
@@ -330,6 +331,17 @@ pub(crate) async fn create(
         version: 1,
     };
     apply_definition(shared, &mut s, def)?;
+    Ok(s)
+}
+
+/// Creates a schedule from a definition.
+pub(crate) async fn create(
+    shared: &Shared,
+    namespace: String,
+    def: pb::Schedule,
+) -> Result<ScheduleRecord, Error> {
+    let now = shared.clock.now_millis();
+    let mut s = draft(shared, namespace, def, now)?;
     let existing = shared.store.count_schedules(&s.namespace).await?;
     shared.quotas.admit_schedule(&s.namespace, existing)?;
     if !s.paused {

@@ -88,6 +88,7 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         // session it cannot see, so a stream must not take tasks before its
         // entry is written.
         let entry = WorkerEntry {
+            push: false,
             session_id: session_id.clone(),
             worker_id: reg.worker_id.clone(),
             namespace: namespace.clone(),
@@ -114,6 +115,7 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
                 )
             })?;
         self.shared.registry.insert(Registration {
+            push: false,
             session_id: session_id.clone(),
             worker_id: reg.worker_id.clone(),
             namespace: namespace.clone(),

@@ -21,7 +21,7 @@ use crate::{
     Error,
     convert::{duration_millis, millis_of, state_from_pb, task_to_pb},
     engine::Shared,
-    schedule_api,
+    ops_api, schedule_api,
 };
 
 /// The `TaskApi` service.
@@ -78,7 +78,7 @@ pub(crate) async fn load_in(
 
 /// The wire form of `t` for `who`: a reader sees no execution ids (with one
 /// and the assignment's secret a worker could report).
-fn shown(who: &Identity, t: &TaskRecord) -> pb::Task {
+pub(crate) fn shown(who: &Identity, t: &TaskRecord) -> pb::Task {
     let mut task = task_to_pb(t);
     if !who.sees_worker_details() {
         task.execution_id.clear();
@@ -337,6 +337,11 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                 },
                 before_id,
                 bodies,
+                label: ops_api::label_filter(&req.label)?,
+                created_after: ops_api::instant("created_after", req.created_after.as_ref())?,
+                created_before: ops_api::instant("created_before", req.created_before.as_ref())?,
+                client_request_id: (!req.client_request_id.is_empty())
+                    .then_some(req.client_request_id),
             })
             .await
             .map_err(Error::from)?;
@@ -377,7 +382,6 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         let req = request.into_inner();
         let id = task_id_of(&req.task_id)?;
         validate::short_text("reason", &req.reason).map_err(invalid)?;
-        let store = &self.shared.store;
         let before = load_in(&self.shared, &namespace, &id).await?;
         if before.state.is_terminal() {
             return Ok(Response::new(pb::CancelTaskResponse {
@@ -389,30 +393,10 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         } else {
             req.reason
         };
-        let event = Event::Cancel {
-            reason: reason.clone(),
-        };
-        let now = self.shared.clock.now_millis();
-        let task = match store.transition(&id, &event, now).await {
-            Ok(task) => task,
-            // It ended between our read and our write: report how it ended.
-            Err(taskmesh_store::Error::Transition(_)) => store
-                .get_task(&id)
-                .await
-                .map_err(Error::from)?
-                .ok_or_else(|| Error::NotFound(format!("task {id} not found")))?,
-            Err(err) => return Err(Error::from(err).into()),
-        };
-        if let Some(exec) = before.execution_id.as_deref()
-            && task.state == TaskState::Cancelled
-        {
-            let ended = self.shared.registry.finish(exec);
-            self.shared
-                .send_cancel(ended.map(|e| e.tx), &id, exec, &reason);
-            self.shared.wake.notify_one();
-        }
-        info!(task_id = %id, state = %task.state, "task cancel requested");
-        let task = store
+        let task = ops_api::cancel_one(&self.shared, &before, &reason).await?;
+        let task = self
+            .shared
+            .store
             .get_task(&id)
             .await
             .map_err(Error::from)?
@@ -890,6 +874,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                 draining: e.draining,
                 session_id: e.session_id,
                 node_id: e.node_id,
+                mode: crate::registry::worker_mode(e.push).into(),
             });
         }
         if !handler.is_empty() {
@@ -902,5 +887,55 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             }
         }
         Ok(Response::new(pb::ListWorkersResponse { workers }))
+    }
+
+    async fn retry_task(
+        &self,
+        request: Request<pb::RetryTaskRequest>,
+    ) -> Result<Response<pb::RetryTaskResponse>, Status> {
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let (task, retried) =
+            ops_api::retry(&self.shared, &namespace, request.into_inner()).await?;
+        Ok(Response::new(pb::RetryTaskResponse {
+            task: Some(shown(&who, &task)),
+            retried,
+        }))
+    }
+
+    async fn cancel_tasks(
+        &self,
+        request: Request<pb::CancelTasksRequest>,
+    ) -> Result<Response<pb::CancelTasksResponse>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let answer =
+            ops_api::cancel_matching(&self.shared, &namespace, request.into_inner()).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn get_stats(
+        &self,
+        request: Request<pb::GetStatsRequest>,
+    ) -> Result<Response<pb::GetStatsResponse>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let answer = ops_api::stats(&self.shared, &namespace, request.get_ref()).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn preview_schedule(
+        &self,
+        request: Request<pb::PreviewScheduleRequest>,
+    ) -> Result<Response<pb::PreviewScheduleResponse>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let answer = ops_api::preview(&self.shared, &namespace, request.into_inner())?;
+        Ok(Response::new(answer))
+    }
+
+    async fn drain_worker(
+        &self,
+        request: Request<pb::DrainWorkerRequest>,
+    ) -> Result<Response<pb::DrainWorkerResponse>, Status> {
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let answer = ops_api::drain(&self.shared, &who, &namespace, request.into_inner()).await?;
+        Ok(Response::new(answer))
     }
 }

@@ -25,6 +25,7 @@ const MIN: i64 = 60 * SEC;
 
 fn worker_entry(worker_id: &str) -> WorkerEntry {
     WorkerEntry {
+        push: false,
         session_id: format!("session-{worker_id}"),
         worker_id: worker_id.into(),
         namespace: "default".into(),

@@ -89,6 +89,9 @@ macro_rules! store_conformance_suite {
             task_logs_are_kept_per_attempt_within_the_cap,
             retention_follows_namespace_and_handler_horizons,
             long_task_logs_go_with_their_task,
+            list_by_label_time_and_key,
+            stats_count_states_queues_and_minutes,
+            rerun_opens_an_ended_task_once_more,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -234,6 +237,7 @@ mod fence;
 mod lifecycle;
 mod logs;
 mod namespaces;
+mod operations;
 mod retention;
 mod schedules;
 mod scheduling;
@@ -267,6 +271,10 @@ pub use logs::{long_task_logs_go_with_their_task, task_logs_are_kept_per_attempt
 pub use namespaces::{
     cluster_key_is_made_once, namespaces_keep_tasks_apart, schedules_list_by_namespace,
     tokens_are_stored_listed_and_revoked,
+};
+pub use operations::{
+    list_by_label_time_and_key, rerun_opens_an_ended_task_once_more,
+    stats_count_states_queues_and_minutes,
 };
 pub use retention::{
     fire_history_is_trimmed_to_the_newest, retention_follows_namespace_and_handler_horizons,

@@ -46,8 +46,8 @@ pub use postgres::{PostgresOptions, PostgresStore};
 pub use sqlite::{SqliteOptions, SqliteStore};
 pub(crate) use types::existing_or_taken;
 pub use types::{
-    Chooser, Claim, Created, FireCommit, FireCommitted, LogsAppended, ScheduleChange, TaskChange,
-    TaskFilter, TaskPage, claim_scan,
+    Chooser, Claim, Created, FireCommit, FireCommitted, LIST_SCAN, LogsAppended, ScheduleChange,
+    TaskChange, TaskFilter, TaskPage, TaskStats, claim_scan,
 };
 
 /// Result of store operations.
@@ -187,6 +187,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// A page of tasks, newest first, attempts left empty.
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage>;
+
+    /// The figures of `namespace` GetStats shows: counts by state and
+    /// handler, READY queues, and what ended or re-ran per minute since
+    /// `since` (a minute's start).
+    async fn task_stats(&self, namespace: &str, since: UnixMillis) -> Result<TaskStats>;
 
     /// Applies `event` to the task with a compare-and-set on its version,
     /// re-reading and re-applying on a lost race. Returns the task as

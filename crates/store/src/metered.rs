@@ -157,6 +157,10 @@ impl<S: Store> Store for Metered<S> {
         timed("list_tasks", self.inner.list_tasks(filter)).await
     }
 
+    async fn task_stats(&self, namespace: &str, since: UnixMillis) -> Result<crate::TaskStats> {
+        timed("task_stats", self.inner.task_stats(namespace, since)).await
+    }
+
     async fn transition(&self, id: &str, event: &Event, now: UnixMillis) -> Result<TaskRecord> {
         timed("transition", self.inner.transition(id, event, now)).await
     }

@@ -50,7 +50,7 @@ static DIALECT: Dialect = Dialect {
     skip_locked: " FOR UPDATE SKIP LOCKED",
     false_lit: "FALSE",
     due_state: "state",
-    ready_from: "tasks",
+    ready_from: "tasks FORCE INDEX (tasks_ready_claim)",
     ended_from: "tasks t FORCE INDEX (tasks_ended)",
     bulk: BulkForm::JoinUnion,
     ignore_duplicate: " ON DUPLICATE KEY UPDATE {k0} = {k0}",

@@ -57,7 +57,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     // Without statistics the planner prefers `tasks_state_id`, which
     // needs a table lookup per row and a sort.
     ready_from: "tasks INDEXED BY tasks_ready_claim",
-    ended_from: "tasks t",
+    ended_from: "tasks t INDEXED BY tasks_ended",
     bulk: BulkForm::ValuesNumbered,
     ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",
 };

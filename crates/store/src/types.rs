@@ -37,6 +37,35 @@ pub struct TaskFilter {
     /// ending early (with `next_before_id`) at the first that does not; the
     /// bodies are read only for those.
     pub bodies: Option<usize>,
+    /// Only tasks carrying this label: its key, and its value when given.
+    /// Checked as rows are read, so a page may come back short with
+    /// `next_before_id` set (at most [`LIST_SCAN`] rows are read a call).
+    pub label: Option<(String, Option<String>)>,
+    /// Only tasks created at or after this instant.
+    pub created_after: Option<UnixMillis>,
+    /// Only tasks created before this instant.
+    pub created_before: Option<UnixMillis>,
+    /// Only the task submitted with this idempotency key (at most one).
+    pub client_request_id: Option<String>,
+}
+
+/// Rows a filtered listing reads at most per call before it answers a
+/// short page with a cursor (label filters are checked on read rows).
+pub const LIST_SCAN: usize = 5_000;
+
+/// Figures of one namespace, read from the store for GetStats.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TaskStats {
+    /// Tasks per state and handler (pairs with tasks only).
+    pub by_state_handler: Vec<(TaskState, String, u64)>,
+    /// READY tasks per handler, with the earliest time one became READY.
+    pub queues: Vec<(String, u64, Option<UnixMillis>)>,
+    /// Tasks ended SUCCEEDED, FAILED or TIMED_OUT since the window's
+    /// start: (minute start, state, count).
+    pub ended_per_minute: Vec<(UnixMillis, TaskState, u64)>,
+    /// Attempts other than their task's first started since the window's
+    /// start: (minute start, count).
+    pub reruns_per_minute: Vec<(UnixMillis, u64)>,
 }
 
 /// A page of tasks, newest first, without attempts.

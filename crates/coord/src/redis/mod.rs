@@ -320,6 +320,10 @@ impl Coordinator for RedisCoordinator {
         self.resign_lease().await
     }
 
+    async fn leader(&self) -> Result<Option<String>> {
+        RedisCoordinator::leader(self).await
+    }
+
     async fn put_worker(&self, entry: WorkerEntry) -> Result<()> {
         check_entry(&entry)?;
         self.put_entry(&entry).await

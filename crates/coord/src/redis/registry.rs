@@ -50,6 +50,7 @@ struct Stored {
     avg_cost_ms: f64,
     last_seen: i64,
     draining: bool,
+    push: bool,
 }
 
 impl Default for Stored {
@@ -71,6 +72,7 @@ impl Default for Stored {
             avg_cost_ms: 0.0,
             last_seen: 0,
             draining: false,
+            push: false,
         }
     }
 }
@@ -98,6 +100,7 @@ pub(super) fn encode(e: &WorkerEntry) -> Result<String> {
         avg_cost_ms: finite(e.load.avg_cost_ms),
         last_seen: e.last_seen,
         draining: e.draining,
+        push: e.push,
     };
     serde_json::to_string(&stored)
         .map_err(|err| Error::Internal(format!("encode worker entry: {err}")))
@@ -106,6 +109,7 @@ pub(super) fn encode(e: &WorkerEntry) -> Result<String> {
 pub(super) fn decode(bytes: &[u8]) -> std::result::Result<WorkerEntry, serde_json::Error> {
     let s: Stored = serde_json::from_slice(bytes)?;
     Ok(WorkerEntry {
+        push: s.push,
         session_id: s.session_id,
         worker_id: s.worker_id,
         namespace: s.namespace,
@@ -207,6 +211,7 @@ mod tests {
     #[test]
     fn an_entry_round_trips_and_non_finite_load_becomes_zero() {
         let entry = WorkerEntry {
+            push: false,
             session_id: "s1".into(),
             worker_id: "w1".into(),
             namespace: "default".into(),

@@ -29,6 +29,7 @@ enum Step {
     TimeOut(bool),
     Defer(i64),
     Cancel,
+    Rerun,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -42,6 +43,7 @@ fn step() -> impl Strategy<Value = Step> {
         any::<bool>().prop_map(Step::TimeOut),
         (0i64..20_000).prop_map(Step::Defer),
         Just(Step::Cancel),
+        Just(Step::Rerun),
     ]
 }
 
@@ -92,6 +94,7 @@ fn to_event(task: &TaskRecord, step: &Step, n: usize) -> Event {
         Step::Cancel => Event::Cancel {
             reason: "test".into(),
         },
+        Step::Rerun => Event::Rerun,
     }
 }
 
@@ -140,7 +143,14 @@ proptest! {
             let before = task.clone();
             match apply(&task, &event, now) {
                 Ok(tr) => {
-                    prop_assert!(!before.state.is_terminal(), "terminal {} moved", before.state);
+                    // Only a rerun moves an ended task, and only one that did not succeed.
+                    prop_assert_eq!(tr.reopened, before.state.is_terminal());
+                    if tr.reopened {
+                        prop_assert!(matches!(event, Event::Rerun));
+                        prop_assert_ne!(before.state, TaskState::Succeeded);
+                        prop_assert_eq!(tr.task.state, TaskState::Ready);
+                        prop_assert_eq!(tr.task.attempt, before.attempt, "attempt numbers go on");
+                    }
                     prop_assert_eq!(tr.task.version, before.version + 1);
                     task = tr.task;
                     check_invariants(&task);
@@ -288,5 +298,48 @@ fn an_ack_timeout_returns_the_task_without_spending_a_run() {
             outcome: AttemptOutcome::AckTimeout,
             ..
         }
+    ));
+}
+
+#[test]
+fn a_rerun_opens_a_failed_task_with_a_fresh_round_and_never_a_succeeded_one() {
+    let t = dispatch(&new_task(0, 1), "e1");
+    let failed = run(
+        &t,
+        Event::Fail {
+            execution_id: "e1".into(),
+            message: "boom".into(),
+            retryable: true,
+            jitter: 0.0,
+        },
+    );
+    assert_eq!((failed.state, failed.run_count), (TaskState::Failed, 1));
+    let tr = apply(&failed, &Event::Rerun, 300).expect("a failed task reruns");
+    assert!(tr.reopened);
+    let again = tr.task;
+    assert_eq!(
+        (again.state, again.run_count, again.attempt, again.times.end),
+        (TaskState::Ready, 0, 1, None)
+    );
+    assert!(again.error_message.is_empty());
+    // Its next push is attempt 2, and the round allows max_attempts runs.
+    let t2 = dispatch(&again, "e2");
+    assert_eq!(t2.attempt, 2);
+    // A live task is refused (the API answers it unchanged), as is a success.
+    assert!(apply(&again, &Event::Rerun, 300).is_err());
+    let ok = run(
+        &t2,
+        Event::Succeed {
+            execution_id: "e2".into(),
+            output: vec![],
+            content_type: String::new(),
+        },
+    );
+    assert!(matches!(
+        apply(&ok, &Event::Rerun, 400),
+        Err(TransitionError::IllegalState {
+            state: TaskState::Succeeded,
+            ..
+        })
     ));
 }

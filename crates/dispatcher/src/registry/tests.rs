@@ -18,6 +18,7 @@ fn stream(
 ) -> Rx {
     let (tx, rx) = mpsc::channel(8);
     reg.insert(Registration {
+        push: false,
         session_id: id.into(),
         namespace: taskmesh_core::validate::DEFAULT_NAMESPACE.into(),
         owner: String::new(),
@@ -124,6 +125,7 @@ fn a_closed_or_full_stream_is_passed_over_for_the_next_candidate() {
     let reg = Registry::default();
     let (tx, mut rx) = mpsc::channel(1);
     reg.insert(Registration {
+        push: false,
         session_id: "x".into(),
         namespace: taskmesh_core::validate::DEFAULT_NAMESPACE.into(),
         owner: String::new(),

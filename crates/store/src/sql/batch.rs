@@ -67,7 +67,8 @@ impl Batch {
         let slot = self.by_id.get(&read.id).copied();
         let before = slot.map_or(read, |i| &self.rows[i].1);
         let mut transition = taskmesh_core::apply(before, event, now)?;
-        if !same_definition(before, &transition.task) {
+        // A reopened task's old callback row goes in the row-by-row write.
+        if transition.reopened || !same_definition(before, &transition.task) {
             self.full_rows = true;
         }
         if transition.task.wants_callback() {

@@ -5,8 +5,8 @@
 //! (Postgres casts it to `jsonb`), and `{name}` for the few fragments that
 //! differ: `{lock}` (row locks of a read-modify-write), `{skip_locked}`
 //! (claims), `{labels}` / `{template}` (reading a JSON column as text),
-//! `{false}`, `{due_state}` and `{ready_from}` (SQLite planner hints),
-//! `{ended_from}` (a MySQL one).
+//! `{false}` and `{due_state}` (a SQLite planner hint), `{ready_from}` and
+//! `{ended_from}` (SQLite and MySQL ones).
 //! Placeholders become `$1, $2, …` where the dialect numbers them.
 //!
 //! Statements with a row count in them (multi-row inserts, `IN` lists) come
@@ -53,10 +53,14 @@ pub struct Dialect {
     /// The state column in the due query (SQLite: `+state`, so the planner
     /// keeps to `tasks_next_at`).
     pub due_state: &'static str,
-    /// The table of the READY count (SQLite names its index).
+    /// The table of the READY counts (SQLite and MySQL name its index:
+    /// by a namespace MariaDB would rather read every task of it).
     pub ready_from: &'static str,
-    /// The tasks table of retention's scan, as `t` (MySQL names
-    /// `tasks_ended`: on few rows MariaDB sorts by hand instead).
+    /// The tasks table of the scans of ended tasks by when they ended
+    /// (retention, GetStats), as `t`. SQLite and MySQL name `tasks_ended`:
+    /// without statistics SQLite prefers the namespace and state index
+    /// (every ended task of the namespace), and on few rows MariaDB sorts
+    /// by hand instead.
     pub ended_from: &'static str,
     /// Bulk compare-and-set form.
     pub bulk: BulkForm,

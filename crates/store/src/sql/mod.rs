@@ -11,7 +11,7 @@
 //! Layout: `backend` is the seam, `dialect` and `statements` the SQL,
 //! `rows` the column lists and arguments; `tasks` creates and reads tasks,
 //! `transitions` and `batch` write events, `claims` claims READY tasks,
-//! `callbacks` the outbox, `logs` task logs, `schedules` and `fires` the schedules, and
+//! `callbacks` the outbox, `logs` task logs, `stats` GetStats' figures, `schedules` and `fires` the schedules, and
 //! `store_impl` implements the trait by calling them.
 
 mod backend;
@@ -25,6 +25,7 @@ mod retention;
 mod rows;
 mod schedules;
 mod statements;
+mod stats;
 mod store_impl;
 mod tasks;
 mod tokens;
@@ -137,28 +138,30 @@ pub(crate) mod testing {
             ("tasks_ready_claim", &sql.ready_counts, ""),
             (
                 "tasks_state_id",
-                &sql.list[list_index(false, true, false, false)],
+                &sql.list[list_index(false, true, false, false, false, false)],
                 "ti",
             ),
             (
                 "tasks_namespace_id",
-                &sql.list[list_index(true, false, false, true)],
+                &sql.list[list_index(true, false, false, true, false, false)],
                 "nti",
             ),
             (
                 // With one namespace (the test's) the state index is as good.
                 "tasks_namespace_state_id|tasks_state_id",
-                &sql.list[list_index(true, true, false, false)],
+                &sql.list[list_index(true, true, false, false, false, false)],
                 "nti",
             ),
             (
                 "tasks_handler_id",
-                &sql.list[list_index(true, false, true, true)],
+                &sql.list[list_index(true, false, true, true, false, false)],
                 "ntti",
             ),
             // Retention's scan: a range of ended tasks in the order they
             // ended, never those kept.
             ("tasks_ended", &sql.ended_ids, "tiiii"),
+            // GetStats' queues, by the claim's index.
+            ("tasks_ready_claim", &sql.stats_queues, "n"),
             ("schedules_due", &sql.due_schedules, "ii"),
             ("schedules_due", &sql.next_schedule_due, ""),
         ]

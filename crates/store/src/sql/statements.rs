@@ -23,7 +23,15 @@ pub struct Statements {
     pub callback_of: String,
     /// Listings (without bodies, with their sizes), indexed by
     /// [`list_index`].
-    pub list: [String; 16],
+    pub list: [String; 64],
+    /// The task of an idempotency key, in a namespace or in any.
+    pub by_request_id: String,
+    pub by_request_id_any: String,
+    pub stats_counts: String,
+    pub stats_queues: String,
+    pub stats_ended: String,
+    pub stats_reruns_live: String,
+    pub stats_reruns_ended: String,
     pub due: String,
     pub in_flight: String,
     pub in_flight_of: String,
@@ -38,6 +46,7 @@ pub struct Statements {
     pub claim_callbacks: String,
     pub finish_callback: String,
     pub callback_exists: String,
+    pub delete_callback: String,
     pub next_callback: String,
     pub insert_schedule: String,
     pub update_schedule: String,
@@ -122,14 +131,25 @@ pub struct Statements {
 }
 
 /// The index into [`Statements::list`] for a filter on namespace, state,
-/// handler and a `before_id` cursor.
-pub fn list_index(namespace: bool, state: bool, handler: bool, before: bool) -> usize {
+/// handler, a `before_id` cursor and a creation-time range.
+pub fn list_index(
+    namespace: bool,
+    state: bool,
+    handler: bool,
+    before: bool,
+    created_after: bool,
+    created_before: bool,
+) -> usize {
     usize::from(state)
         | usize::from(handler) << 1
         | usize::from(before) << 2
         | usize::from(namespace) << 3
+        | usize::from(created_after) << 4
+        | usize::from(created_before) << 5
 }
 
+/// Arguments bind in this order: namespace, state, handler, before id,
+/// created after, created before, limit.
 fn list_template(i: usize) -> String {
     let mut conditions = Vec::new();
     if i & 8 != 0 {
@@ -143,6 +163,12 @@ fn list_template(i: usize) -> String {
     }
     if i & 4 != 0 {
         conditions.push("id < ?");
+    }
+    if i & 16 != 0 {
+        conditions.push("created_at >= ?");
+    }
+    if i & 32 != 0 {
+        conditions.push("created_at < ?");
     }
     let filter = if conditions.is_empty() {
         String::new()
@@ -171,6 +197,42 @@ impl Statements {
                 "SELECT {CALLBACK_COLUMNS} FROM callbacks WHERE task_id = ?"
             )),
             list: std::array::from_fn(|i| r(&list_template(i))),
+            by_request_id: r(&format!(
+                "SELECT {TASK_READ_SUMMARY} FROM tasks WHERE namespace = ? AND client_request_id = ?"
+            )),
+            by_request_id_any: r(&format!(
+                "SELECT {TASK_READ_SUMMARY} FROM tasks WHERE client_request_id = ? ORDER BY id DESC"
+            )),
+            stats_counts: r("SELECT state, handler, COUNT(*) AS n FROM tasks \
+                 WHERE namespace = ? GROUP BY state, handler"),
+            stats_queues: r(
+                "SELECT handler, COUNT(*) AS n, MIN(ready_at) AS v FROM {ready_from} \
+                 WHERE namespace = ? AND state = 'READY' GROUP BY handler",
+            ),
+            // Grouped by minute (a hash or a sort of the window's rows):
+            // out of the index checks, which refuse any sort.
+            stats_ended: r(
+                "SELECT t.state AS state, t.ended_at - t.ended_at % 60000 AS m, \
+                 COUNT(*) AS n FROM {ended_from} \
+                 WHERE t.state IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT') \
+                 AND t.ended_at >= ? AND t.namespace = ? \
+                 GROUP BY t.state, t.ended_at - t.ended_at % 60000",
+            ),
+            // An attempt started since the window's start belongs to a task
+            // that is live now or ended since: two indexed reads, no scan
+            // of the attempts' history.
+            stats_reruns_live: r("SELECT a.started_at - a.started_at % 60000 AS m, \
+                 COUNT(*) AS n FROM tasks t JOIN attempts a ON a.task_id = t.id \
+                 WHERE t.namespace = ? \
+                 AND t.state IN ('READY', 'DISPATCHING', 'RUNNING', 'RETRYING') \
+                 AND a.number > 1 AND a.started_at >= ? \
+                 GROUP BY a.started_at - a.started_at % 60000"),
+            stats_reruns_ended: r("SELECT a.started_at - a.started_at % 60000 AS m, \
+                 COUNT(*) AS n FROM {ended_from} JOIN attempts a ON a.task_id = t.id \
+                 WHERE t.state IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED') \
+                 AND t.ended_at >= ? AND t.namespace = ? \
+                 AND a.number > 1 AND a.started_at >= ? \
+                 GROUP BY a.started_at - a.started_at % 60000"),
             due: r(&format!(
                 "SELECT {TASK_READ} FROM tasks WHERE next_at IS NOT NULL AND next_at <= ? \
                  AND {{due_state}} IN ('PENDING', 'RETRYING', 'DISPATCHING', 'RUNNING') \
@@ -217,6 +279,7 @@ impl Statements {
                  last_error = ?, next_attempt_at = ?, delivered_at = ? \
                  WHERE delivery_id = ? AND state = 'PENDING'"),
             callback_exists: r("SELECT 1 AS one FROM callbacks WHERE delivery_id = ?"),
+            delete_callback: r("DELETE FROM callbacks WHERE task_id = ?"),
             next_callback: r("SELECT MIN(next_attempt_at) AS v FROM callbacks \
                  WHERE state = 'PENDING'"),
             insert_schedule: r(&format!(

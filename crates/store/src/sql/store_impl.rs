@@ -15,7 +15,7 @@ use super::tasks::sql_limit;
 use super::{SqlStore, args};
 use crate::{
     Chooser, Created, Error, FireCommit, FireCommitted, Result, ScheduleChange, Store, TaskChange,
-    TaskFilter, TaskPage, decode,
+    TaskFilter, TaskPage, TaskStats, decode,
 };
 
 #[async_trait]
@@ -106,6 +106,10 @@ impl<B: Backend> Store for SqlStore<B> {
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<TaskPage> {
         self.list(filter).await
+    }
+
+    async fn task_stats(&self, namespace: &str, since: UnixMillis) -> Result<TaskStats> {
+        self.stats(namespace, since).await
     }
 
     async fn transition(&self, id: &str, event: &Event, now: UnixMillis) -> Result<TaskRecord> {

@@ -17,7 +17,8 @@ use super::rows::{attempt_args, insert_args};
 use super::{SqlStore, args, statements::list_index};
 use crate::error::is_unique_violation;
 use crate::{
-    Chooser, Created, Error, Result, TaskChange, TaskFilter, TaskPage, decode, existing_or_taken,
+    Chooser, Created, Error, LIST_SCAN, Result, TaskChange, TaskFilter, TaskPage, decode,
+    existing_or_taken,
 };
 
 /// Largest page [`crate::Store::list_tasks`] returns.
@@ -171,6 +172,104 @@ fn keys(entries: &[(TaskRecord, String)]) -> Vec<Key> {
     keys.sort_unstable();
     keys.dedup();
     keys
+}
+
+/// True when `task` passes the filters a listing checks on read rows
+/// (and, for a lookup by key, those its statement did not apply).
+fn matches_all(filter: &TaskFilter, task: &TaskRecord) -> bool {
+    filter.state.is_none_or(|s| task.state == s)
+        && filter.handler.as_ref().is_none_or(|h| &task.handler == h)
+        && filter.before_id.as_ref().is_none_or(|b| task.id < *b)
+        && filter.created_after.is_none_or(|t| task.created_at >= t)
+        && filter.created_before.is_none_or(|t| task.created_at < t)
+        && matches_label(filter, task)
+}
+
+fn matches_label(filter: &TaskFilter, task: &TaskRecord) -> bool {
+    match &filter.label {
+        None => true,
+        Some((key, None)) => task.labels.contains_key(key),
+        Some((key, Some(value))) => task.labels.get(key) == Some(value),
+    }
+}
+
+/// Reads rows newest first in the filter's order, keeping those whose
+/// label matches, until the page (plus one, to know a next one exists) is
+/// full, the rows end, or [`LIST_SCAN`] rows were read: then the page may
+/// be short and its cursor the last row read.
+async fn scan<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    filter: &TaskFilter,
+    limit: u32,
+) -> Result<(Vec<B::Row>, Vec<TaskRecord>, Option<String>)> {
+    let want = limit as usize + 1;
+    // Without a label every row read is kept: one read of the page.
+    let chunk = if filter.label.is_some() {
+        want.max(500)
+    } else {
+        want
+    };
+    let mut cursor = filter.before_id.clone();
+    let mut kept_rows = Vec::new();
+    let mut tasks = Vec::new();
+    let mut read = 0usize;
+    loop {
+        let i = list_index(
+            filter.namespace.is_some(),
+            filter.state.is_some(),
+            filter.handler.is_some(),
+            cursor.is_some(),
+            filter.created_after.is_some(),
+            filter.created_before.is_some(),
+        );
+        let mut values = Vec::new();
+        if let Some(namespace) = &filter.namespace {
+            values.push(namespace.into());
+        }
+        if let Some(state) = filter.state {
+            values.push(state.as_str().into());
+        }
+        if let Some(handler) = &filter.handler {
+            values.push(handler.into());
+        }
+        if let Some(before) = &cursor {
+            values.push(before.into());
+        }
+        if let Some(t) = filter.created_after {
+            values.push(t.into());
+        }
+        if let Some(t) = filter.created_before {
+            values.push(t.into());
+        }
+        values.push(sql_limit(chunk).into());
+        let rows = b.fetch(tx, &b.sql().list[i], values).await?;
+        let got = rows.len();
+        read += got;
+        for row in rows {
+            let task = decode::task(&row)?;
+            cursor = Some(task.id.clone());
+            if matches_label(filter, &task) {
+                tasks.push(task);
+                kept_rows.push(row);
+                if tasks.len() == want {
+                    break;
+                }
+            }
+        }
+        if tasks.len() == want {
+            tasks.truncate(limit as usize);
+            kept_rows.truncate(limit as usize);
+            let next = tasks.last().map(|t| t.id.clone());
+            return Ok((kept_rows, tasks, next));
+        }
+        if got < chunk {
+            return Ok((kept_rows, tasks, None));
+        }
+        if read >= LIST_SCAN {
+            return Ok((kept_rows, tasks, cursor));
+        }
+    }
 }
 
 impl<B: Backend> SqlStore<B> {
@@ -352,35 +451,32 @@ impl<B: Backend> SqlStore<B> {
     pub(super) async fn list(&self, filter: &TaskFilter) -> Result<TaskPage> {
         let b = self.backend();
         let limit = filter.limit.clamp(1, MAX_PAGE);
-        let i = list_index(
-            filter.namespace.is_some(),
-            filter.state.is_some(),
-            filter.handler.is_some(),
-            filter.before_id.is_some(),
-        );
-        let mut values = Vec::new();
-        if let Some(namespace) = &filter.namespace {
-            values.push(namespace.into());
-        }
-        if let Some(state) = filter.state {
-            values.push(state.as_str().into());
-        }
-        if let Some(handler) = &filter.handler {
-            values.push(handler.into());
-        }
-        if let Some(before) = &filter.before_id {
-            values.push(before.into());
-        }
-        // One more than asked tells whether another page exists.
-        values.push((i64::from(limit) + 1).into());
         let mut tx = b.begin_read().await?;
-        let rows = b.fetch(&mut tx, &b.sql().list[i], values).await?;
-        let mut tasks = rows.iter().map(decode::task).collect::<Result<Vec<_>>>()?;
-        let mut next_before_id = None;
-        if tasks.len() > limit as usize {
-            tasks.truncate(limit as usize);
-            next_before_id = tasks.last().map(|t| t.id.clone());
-        }
+        let (rows, mut tasks, mut next_before_id) = if let Some(key) = &filter.client_request_id {
+            // One task at most: the key's, if the other filters keep it.
+            let rows = match &filter.namespace {
+                Some(ns) => {
+                    b.fetch(&mut tx, &b.sql().by_request_id, args![ns, key])
+                        .await?
+                }
+                None => {
+                    b.fetch(&mut tx, &b.sql().by_request_id_any, args![key])
+                        .await?
+                }
+            };
+            let mut kept = Vec::new();
+            let mut tasks = Vec::new();
+            for row in rows {
+                let task = decode::task(&row)?;
+                if matches_all(filter, &task) && kept.len() < limit as usize {
+                    tasks.push(task);
+                    kept.push(row);
+                }
+            }
+            (kept, tasks, None)
+        } else {
+            scan(b, &mut tx, filter, limit).await?
+        };
         if let Some(budget) = filter.bodies {
             // As many as fit in the budget (at least one), then their
             // bodies, read for those only.

@@ -91,6 +91,11 @@ pub(super) async fn write_transition<B: Backend>(
             }
         }
     }
+    if transition.reopened {
+        // Its earlier end's delivery (the caller checked it is no longer
+        // PENDING) makes way for the one its next end queues.
+        b.exec(tx, &sql.delete_callback, args![&task.id]).await?;
+    }
     if task.wants_callback() {
         let entry = new_callback(task);
         let mut values = Vec::with_capacity(9);
