@@ -87,7 +87,11 @@ fn path_query_and_body_fields_are_split_as_the_rules_say() {
             "pageSize",
             "pageToken",
             "namespace",
-            "view"
+            "view",
+            "label",
+            "createdAfter",
+            "createdBefore",
+            "clientRequestId"
         ]
     );
     // The filter takes the defined states, by name or number (the rule
