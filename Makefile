@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/taskmesh-target
 PY_VENV ?= $(HOME)/.cache/taskmesh-py
 
-.PHONY: run build test tools services fmt fmt-check lint unit faults proto-python buf examples-setup polyglot bench openapi schemathesis fuzz fuzz-short help
+.PHONY: run build test tools services fmt fmt-check lint unit faults proto-python buf examples-setup polyglot console bench openapi schemathesis fuzz fuzz-short help
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -15,7 +15,7 @@ run: tools ## Start the embedded demo: a node on SQLite plus a local worker (ech
 build: tools ## Build the taskmesh binary (debug)
 	$(CARGO) build -p taskmesh-cli --bin taskmesh
 
-test: tools services fmt-check lint build proto-python buf unit polyglot schemathesis fuzz-short ## Everything CI checks
+test: tools services fmt-check lint build proto-python buf unit polyglot console schemathesis fuzz-short ## Everything CI checks
 
 tools: ## Install what the build and tests need beyond cargo if it is missing (protoc, iproute2, e2fsprogs, faketime, from Debian)
 	bash scripts/ensure-tools.sh
@@ -66,3 +66,6 @@ examples-setup: ## Install the examples' Python (PyPI) and Node (npm) dependenci
 
 polyglot: build examples-setup ## End to end: the Python worker runs 100 tasks the Node client submits to `taskmesh serve`
 	bash scripts/polyglot-e2e.sh
+
+console: build ## The web console in Debian's Chromium (playwright-core, axe-core) against `taskmesh serve` and a worker; writes docs/console/*.png
+	bash scripts/console-tests.sh "$(CARGO_TARGET_DIR)/debug/taskmesh"

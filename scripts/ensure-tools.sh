@@ -7,10 +7,21 @@
 # - for the fault tests (crates/cli/tests/faults_*.rs): ip (iproute2) for
 #   network namespaces, mkfs.ext4 (e2fsprogs) and losetup/mount
 #   (util-linux, mount) for the small and slow disks, and libfaketime
-#   (faketime) for the skewed clocks.
+#   (faketime) for the skewed clocks;
+# - with the argument `console`, also for the console's browser tests
+#   (tests/console, scripts/console-tests.sh): Chromium (chromium), which
+#   playwright-core drives headless. Only then: it is large, and `make run`
+#   and the build do not need it. Never `npx playwright install`: browsers
+#   come from Debian's packages here.
 set -euo pipefail
 
 missing=()
+for group in "$@"; do
+  case "$group" in
+    console) [ -x /usr/bin/chromium ] || missing+=(chromium) ;;
+    *) echo "ensure-tools: unknown group $group (known: console)" >&2; exit 2 ;;
+  esac
+done
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v mkfs.ext4 >/dev/null 2>&1 || missing+=(e2fsprogs)

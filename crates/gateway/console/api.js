@@ -12,14 +12,6 @@ export class ApiError extends Error {
     this.status = status; // HTTP status; 0 when the server did not answer
     this.code = code; // gRPC code number from the JSON error body, if any
   }
-  /** True when the server has no such endpoint (yet): the feature is missing, not broken. */
-  get missing() {
-    return (
-      this.status === 501 ||
-      this.status === 405 ||
-      (this.status === 404 && /^no such resource/.test(this.message))
-    );
-  }
 }
 
 const listeners = new Set();

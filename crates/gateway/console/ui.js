@@ -64,6 +64,15 @@ export function time(iso, zone) {
   return h('time', { datetime: d.toISOString(), title: `UTC ${d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z')}` }, text);
 }
 
+const clockFmt = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit' });
+
+/** A <time> as the browser's clock time only (for chart axes), with UTC on hover. */
+export function clock(iso) {
+  const el = time(iso);
+  if (el.tagName === 'TIME') el.textContent = clockFmt.format(new Date(iso));
+  return el;
+}
+
 /** "1.5s" (proto Duration JSON) to milliseconds. */
 export function durationMs(s) {
   const m = /^(-?\d+(?:\.\d+)?)s$/.exec(s || '');
@@ -113,9 +122,6 @@ export function errorNote(err, what) {
   const msg = err?.message || String(err);
   const status = err?.status ? ` (HTTP ${err.status})` : '';
   return h('p.error', { role: 'alert' }, what ? `${what}: ` : '', msg, status);
-}
-export function notAvailable(what) {
-  return h('p.unavailable', `${what}: not available on this server.`);
 }
 
 const CUT = 16 * 1024;
@@ -178,6 +184,7 @@ function modal(build) {
   return new Promise((resolve) => {
     const opener = document.activeElement;
     const openerId = opener?.id;
+    const openerKey = opener?.dataset?.key;
     const dlg = h('dialog.modal');
     let result = null;
     const close = (value) => {
@@ -187,7 +194,9 @@ function modal(build) {
     dlg.addEventListener('close', () => {
       dlg.remove();
       // Back to what opened it, or to its stand-in if a live update redrew it.
-      const back = opener?.isConnected ? opener : openerId && document.getElementById(openerId);
+      const back = opener?.isConnected ? opener
+        : (openerId && document.getElementById(openerId))
+          || (openerKey && document.querySelector(`[data-key="${CSS.escape(openerKey)}"]`));
       back?.focus();
       resolve(result);
     });

@@ -1,63 +1,22 @@
 // Overview: tasks by state and handler, queues, workers, breakers, and the
-// per-minute chart. The chart and exact counts come from a stats endpoint
-// (GET /api/stats) once the server has one; until then counts are bounded
-// page reads of ListTasks, labelled as such, and the chart says it is not
-// available.
+// per-minute chart, all from the server (GET /api/stats counts in the store,
+// so every replica answers the same; nothing is counted in the browser).
 
-import { get, query, bounded, ApiError } from './api.js';
+import { get, query } from './api.js';
 import {
-  h, replace, time, badge, short, errorNote, notAvailable, tableWrap, TASK_STATES, humanMs,
+  h, replace, time, clock, badge, short, errorNote, tableWrap, TASK_STATES, humanMs,
 } from './ui.js';
 
-const COUNT_CAP = 1000; // tasks read per state without a stats endpoint
 const REFRESH_MS = 15000;
-
-/** GET /api/stats, or null when the server has none (404/501). */
-export async function getStats(signal) {
-  try {
-    return await get(`/api/stats${query({ windowMinutes: 60 })}`, { signal });
-  } catch (err) {
-    if (err instanceof ApiError && err.missing) return null;
-    throw err;
-  }
-}
+const WINDOW_MINUTES = 60;
 
 const n = (v) => Number(v || 0);
 
-// Without stats: one page of up to COUNT_CAP per state (SUMMARY view, so a
-// page costs little), counting "1000+" when there is more.
-async function countByPages(signal) {
-  const pages = await bounded(TASK_STATES, 3, (s) =>
-    get(`/api/tasks${query({ state: `TASK_STATE_${s}`, pageSize: COUNT_CAP })}`, { signal }));
-  const byState = [];
-  const handlers = new Map();
-  const queues = new Map();
-  pages.forEach((r, i) => {
-    const state = TASK_STATES[i];
-    if (!r.ok) throw r.error;
-    const tasks = r.value.tasks || [];
-    const more = Boolean(r.value.nextPageToken);
-    byState.push({ state, count: tasks.length, more });
-    for (const t of tasks) {
-      const row = handlers.get(t.handler) || {};
-      row[state] = (row[state] || 0) + 1;
-      handlers.set(t.handler, row);
-      if (state === 'READY') {
-        const q = queues.get(t.handler) || { ready: 0, oldest: t.createTime, exact: !more };
-        q.ready++;
-        if (t.createTime < q.oldest) q.oldest = t.createTime;
-        queues.set(t.handler, q);
-      }
-    }
-  });
-  return { byState, handlers, queues, bounded: true };
-}
-
+/** The stats answer as the views draw it. */
 function fromStats(st) {
   const byState = TASK_STATES.map((s) => ({
     state: s,
     count: n((st.byState || []).find((x) => x.state === `TASK_STATE_${s}`)?.count),
-    more: false,
   }));
   const handlers = new Map();
   for (const x of st.byHandler || []) {
@@ -65,8 +24,8 @@ function fromStats(st) {
     row[short(x.state, 'TASK_STATE_')] = n(x.count);
     handlers.set(x.handler, row);
   }
-  const queues = new Map((st.queues || []).map((q) => [q.handler, { ready: n(q.ready), oldest: q.oldestReadyTime, exact: true }]));
-  return { byState, handlers, queues, bounded: false };
+  const queues = new Map((st.queues || []).map((q) => [q.handler, { ready: n(q.ready), oldest: q.oldestReadyTime }]));
+  return { byState, handlers, queues };
 }
 
 function chart(points) {
@@ -81,17 +40,23 @@ function chart(points) {
   svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
   svg.setAttribute('class', 'chart');
   svg.setAttribute('role', 'img');
-  const totals = series.map(([k, label]) => `${points.reduce((a, p) => a + n(p[k]), 0)} ${label.toLowerCase()}`);
-  svg.setAttribute('aria-label', `Per minute over the last hour: ${totals.join(', ')}`);
+  const totals = series.map(([k]) => points.reduce((a, p) => a + n(p[k]), 0));
+  svg.setAttribute('aria-label', `Per minute over the last ${points.length} minutes: ${series.map(([, label], i) => `${totals[i]} ${label.toLowerCase()}`).join(', ')}`);
   for (const [k, , cls] of series) {
     const path = document.createElementNS(svgNS, 'polyline');
     path.setAttribute('points', points.map((p, i) => `${x(i).toFixed(1)},${y(p[k]).toFixed(1)}`).join(' '));
     path.setAttribute('class', cls);
     svg.append(path);
   }
+  const first = points[0]?.minute;
+  const last = points[points.length - 1]?.minute;
   return h('figure',
     svg,
-    h('figcaption', h('ul.legend', series.map(([k, label, cls], i) => h('li', h(`span.key.${cls}`, { 'aria-hidden': 'true' }), `${label}: ${totals[i].split(' ')[0]} in the hour (peak ${Math.max(0, ...points.map((p) => n(p[k])))}/min)`)))));
+    h('figcaption',
+      h('p.axis.small.muted', clock(first), h('span', `peak ${max}/min`), clock(last)),
+      h('ul.legend', series.map(([k, label, cls], i) => h('li', { 'data-series': k },
+        h(`span.key.${cls}`, { 'aria-hidden': 'true' }),
+        `${label}: `, h('strong.total', String(totals[i])), ` in the hour (peak ${Math.max(0, ...points.map((p) => n(p[k])))}/min)`)))));
 }
 
 export async function overview(root, { signal }) {
@@ -102,7 +67,7 @@ export async function overview(root, { signal }) {
   const workersBox = h('div', h('p.muted', 'Loading…'));
   const breakersBox = h('div', h('p.muted', 'Loading…'));
   const clusterBox = h('div');
-  const refreshed = h('span.small.muted');
+  const refreshed = h('span.small.muted#refreshed');
   root.append(
     h('div.title-row', h('h1', 'Overview'),
       h('div', refreshed, ' ', h('button', { type: 'button', onclick: () => load() }, 'Refresh'))),
@@ -115,59 +80,56 @@ export async function overview(root, { signal }) {
     h('section', { 'aria-labelledby': 'o-handlers' }, h('h2#o-handlers', 'Tasks by handler'), handlersBox),
   );
 
-  let hasStats = false;
-  async function loadTasks() {
+  // Returns the store's clock of the figures, or null when they failed.
+  async function loadStats() {
     let stats;
     try {
-      stats = await getStats(signal);
+      stats = await get(`/api/stats${query({ windowMinutes: WINDOW_MINUTES })}`, { signal });
     } catch (err) {
-      if (!signal.aborted) replace(chartBox, errorNote(err, 'Could not load the stats'));
-      stats = null;
+      if (signal.aborted) return null;
+      replace(countsBox, errorNote(err, 'Could not load the task counts'));
+      replace(chartBox, errorNote(err, 'Could not load the per-minute figures'));
+      replace(handlersBox);
+      replace(queuesBox);
+      replace(clusterBox);
+      return null;
     }
-    hasStats = Boolean(stats);
-    if (signal.aborted) return;
-    if (stats?.perMinute?.length) replace(chartBox, chart(stats.perMinute));
-    else if (stats) replace(chartBox, h('p.muted', 'No completions, failures or retries in the last hour.'));
-    else if (!chartBox.querySelector('.error')) replace(chartBox, notAvailable('Per-minute completions, failures and retries'));
-    replace(clusterBox, stats?.leader?.nodeId
-      ? h('p', 'Leader replica: ', h('code', stats.leader.nodeId))
-      : null);
+    if (signal.aborted) return null;
+    const points = stats.perMinute || [];
+    replace(chartBox, points.length ? chart(points) : h('p.muted', 'No per-minute figures.'));
+    replace(clusterBox, h('p', 'Leader replica: ', stats.leader?.nodeId
+      ? h('code#leader', stats.leader.nodeId)
+      : h('span.muted', 'none holds the lease right now')));
 
-    let data;
-    try {
-      data = stats ? fromStats(stats) : await countByPages(signal);
-    } catch (err) {
-      if (!signal.aborted) replace(countsBox, errorNote(err, 'Could not count tasks'));
-      return;
-    }
-    if (signal.aborted) return;
-    const fmt = (c) => (c.more ? `${c.count.toLocaleString()}+` : c.count.toLocaleString());
+    const data = fromStats(stats);
     replace(countsBox,
-      h('ul.cards', data.byState.map((c) => h('li.card',
-        h('a', { href: `#/tasks?state=TASK_STATE_${c.state}`, 'aria-label': `${fmt(c)} ${c.state.replace('_', ' ')} tasks` },
-          h('span.card-num', fmt(c)), ' ', badge(c.state))))),
-      data.bounded ? h('p.small.muted', `Counted from up to ${COUNT_CAP.toLocaleString()} tasks per state (“+” means more); exact counts need the server’s stats endpoint.`) : null);
+      h('ul.cards', data.byState.map((c) => h('li.card', { 'data-state': c.state },
+        h('a', { href: `#/tasks?state=TASK_STATE_${c.state}`, 'aria-label': `${c.count.toLocaleString()} ${c.state.replace('_', ' ')} tasks` },
+          h('span.card-num', c.count.toLocaleString()), ' ', badge(c.state))))));
 
     const states = TASK_STATES.filter((s) => [...data.handlers.values()].some((r) => r[s]));
     replace(handlersBox, data.handlers.size
-      ? tableWrap('Tasks by handler', h('table',
+      ? tableWrap('Tasks by handler', h('table#by-handler',
         h('caption.visually-hidden', 'Tasks by handler and state'),
         h('thead', h('tr', h('th', { scope: 'col' }, 'Handler'), states.map((s) => h('th.num', { scope: 'col' }, s.replace('_', ' '))))),
         h('tbody', [...data.handlers.entries()].sort().map(([handler, row]) => h('tr',
           h('th', { scope: 'row' }, h('a', { href: `#/tasks?handler=${encodeURIComponent(handler)}` }, handler)),
-          states.map((s) => h('td.num', row[s] ? String(row[s]) : '—')))))))
+          states.map((s) => h('td.num', row[s] ? row[s].toLocaleString() : '—')))))))
       : h('p.muted', 'No tasks.'));
 
+    // Waiting is measured on the store's clock, not the browser's.
+    const now = stats.readTime ? new Date(stats.readTime).getTime() : Date.now();
     replace(queuesBox, data.queues.size
-      ? tableWrap('Queues', h('table',
+      ? tableWrap('Queues', h('table#queues',
         h('caption.visually-hidden', 'READY tasks per handler'),
-        h('thead', h('tr', ['Handler', 'READY', 'Oldest READY', 'Waiting'].map((c) => h('th', { scope: 'col' }, c)))),
+        h('thead', h('tr', ['Handler', 'READY', 'Oldest READY since', 'Waiting'].map((c) => h('th', { scope: 'col' }, c)))),
         h('tbody', [...data.queues.entries()].sort().map(([handler, q]) => h('tr',
           h('th', { scope: 'row' }, handler),
-          h('td.num', String(q.ready)),
-          h('td', q.exact ? time(q.oldest) : ['older than ', time(q.oldest)]),
-          h('td', humanMs(Date.now() - new Date(q.oldest).getTime())))))))
+          h('td.num', q.ready.toLocaleString()),
+          h('td', time(q.oldest)),
+          h('td', q.oldest ? humanMs(Math.max(0, now - new Date(q.oldest).getTime())) : '—'))))))
       : h('p.muted', 'Nothing is waiting for a worker.'));
+    return stats.readTime || new Date().toISOString();
   }
 
   async function loadWorkers() {
@@ -200,16 +162,15 @@ export async function overview(root, { signal }) {
     }
   }
 
+  let loads = 0;
   async function load() {
-    await Promise.all([loadTasks(), loadWorkers(), loadBreakers()]);
-    if (!signal.aborted) replace(refreshed, 'Updated ', time(new Date().toISOString()));
+    const [read] = await Promise.all([loadStats(), loadWorkers(), loadBreakers()]);
+    if (signal.aborted) return;
+    if (read) replace(refreshed, 'Figures of ', time(read));
+    else replace(refreshed);
+    refreshed.dataset.loads = String(++loads); // for tests and tools: a load has drawn
   }
   await load();
-  // With a stats endpoint a refresh is one cheap call; page counting is
-  // left to the Refresh button.
-  const timer = setInterval(() => {
-    if (hasStats) load();
-    else Promise.all([loadWorkers(), loadBreakers()]);
-  }, REFRESH_MS);
+  const timer = setInterval(load, REFRESH_MS);
   signal.addEventListener('abort', () => clearInterval(timer), { once: true });
 }

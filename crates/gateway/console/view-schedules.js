@@ -3,7 +3,7 @@
 
 import { get, post, api, query } from './api.js';
 import {
-  h, replace, time, badge, short, errorNote, notAvailable, tableWrap,
+  h, replace, time, badge, short, errorNote, tableWrap,
   confirmDialog, announce, durationMs, humanMs, labelChips, labelsText,
 } from './ui.js';
 
@@ -29,8 +29,15 @@ function fireTime(iso, s) {
   return el;
 }
 
-// The next fires: FIXED_RATE ones follow from next_fire_time; CRON ones need
-// the server's calendar (DST rules), asked of a preview endpoint when it has one.
+/** The server's preview of a definition's next fires (PreviewSchedule). */
+async function previewFires(def, signal, count = 5) {
+  const res = await post('/api/schedules:preview', { schedule: def, count }, { signal });
+  return { times: res.fireTimes || [], warnings: res.warnings || [] };
+}
+
+// The next fires of a saved schedule: FIXED_RATE ones follow from its
+// next_fire_time; CRON ones need the calendar of its zone (DST rules), which
+// the server's preview knows.
 async function nextFires(s, signal, count = 5) {
   const kind = short(s.kind, 'SCHEDULE_KIND_');
   if (!s.nextFireTime) return { times: [] };
@@ -41,22 +48,19 @@ async function nextFires(s, signal, count = 5) {
   }
   if (kind === 'FIXED_DELAY') return { times: [s.nextFireTime], note: 'Later fires depend on when each run ends.' };
   try {
-    const res = await post('/api/schedules:preview', { schedule: definition(s), count }, { signal });
-    return { times: res.fireTimes || [], warnings: res.warnings || [] };
+    return await previewFires(definition(s), signal, count);
   } catch (err) {
     if (err.name === 'AbortError') throw err;
-    return {
-      times: [s.nextFireTime], missing: err.missing,
-      note: err.missing ? 'Later fires: a preview is not available on this server.' : `Later fires: ${err.message}`,
-    };
+    return { times: [s.nextFireTime], error: err };
   }
 }
 
 function firesList(res, s) {
   return h('div',
     res.times.length ? h('ol.fires', res.times.map((t) => h('li', fireTime(t, s)))) : h('p.muted', s.paused ? 'Paused: no fire is due.' : 'No fire left.'),
-    (res.warnings || []).map((w) => h('p.warn', w)),
-    res.note ? h('p.small.muted', res.note) : null);
+    (res.warnings || []).map((w) => h('p.warn', h('strong', 'Daylight saving: '), w)),
+    res.note ? h('p.small.muted', res.note) : null,
+    res.error ? errorNote(res.error, 'Could not preview the later fires') : null);
 }
 
 // The fields a create or update takes (output-only ones left out).
@@ -118,6 +122,24 @@ function scheduleActions(s, note, after) {
     h('button.danger', { type: 'button', 'aria-label': `Delete ${name}`, onclick: async () => (await deleteSchedule(s, note)) && after('deleted') }, 'Delete'));
 }
 
+// The next five fires of a listed schedule, asked for when opened (one
+// preview per schedule the person looks at, not one per row).
+function laterFires(s, signal) {
+  const box = h('div', h('p.muted.small', 'Loading…'));
+  let loaded = false;
+  return h('details.later', {
+    ontoggle: async (e) => {
+      if (!e.target.open || loaded) return;
+      loaded = true;
+      try {
+        replace(box, firesList(await nextFires(s, signal), s));
+      } catch {
+        /* the view closed */
+      }
+    },
+  }, h('summary', { 'aria-label': `Next five fires of ${s.name || s.scheduleId}` }, 'next five'), box);
+}
+
 export async function scheduleList(root, { params, signal, go }) {
   const token = params.get('page') || '';
   const box = h('div', h('p.muted', 'Loading schedules…'));
@@ -147,7 +169,7 @@ export async function scheduleList(root, { params, signal, go }) {
       h('td', s.template?.handler || '—'),
       h('td', kindText(s)),
       h('td', zoneOf(s)),
-      h('td', fireTime(s.nextFireTime, s)),
+      h('td', fireTime(s.nextFireTime, s), s.nextFireTime ? laterFires(s, signal) : null),
       h('td.num', `${Number(s.fireCount || 0)}${Number(s.skippedCount || 0) ? ` (+${s.skippedCount} skipped)` : ''}`),
       h('td', s.paused ? badge('PAUSED') : badge('ACTIVE')),
       h('td', scheduleActions(s, note, (what) => {
@@ -335,47 +357,63 @@ export async function scheduleForm(root, { args: [id], signal, go }) {
   misfire.addEventListener('change', sync);
   sync();
 
-  // A live preview of the next fires as the definition is typed.
+  // A live preview of the next fires as the definition is typed: the
+  // server's PreviewSchedule, asked a moment after the typing stops, with
+  // its warnings where a DST change skips or repeats a fire.
   const preview = h('div#preview', { 'aria-live': 'polite' });
   let previewTimer = null;
   let previewAbort = null;
+  signal.addEventListener('abort', () => {
+    clearTimeout(previewTimer);
+    previewAbort?.abort();
+  }, { once: true });
+  const draft = () => {
+    const zoneName = zone.value.trim() || 'UTC';
+    try {
+      new Intl.DateTimeFormat(undefined, { timeZone: zoneName });
+    } catch {
+      return 'Give a valid time zone to see the fires.';
+    }
+    const handlerName = handler.value.trim();
+    const d = {
+      kind: `SCHEDULE_KIND_${kind.value}`, timeZone: zoneName,
+      misfirePolicy: misfire.value, overlapPolicy: overlap.value,
+      template: { handler: /^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$/.test(handlerName) ? handlerName : 'preview' },
+    };
+    if (kind.value === 'CRON') {
+      if (!cron.value.trim()) return 'Give a cron expression to see the fires.';
+      d.cronExpression = cron.value.trim();
+    } else {
+      if (!(Number(interval.value) >= 1)) return 'Give an interval of at least 1 second to see the fires.';
+      d.interval = `${Math.round(Number(interval.value))}s`;
+    }
+    return d;
+  };
   const updatePreview = () => {
     clearTimeout(previewTimer);
     previewTimer = setTimeout(async () => {
       previewAbort?.abort();
       previewAbort = new AbortController();
-      signal.addEventListener('abort', () => previewAbort.abort(), { once: true });
-      const draft = {
-        kind: `SCHEDULE_KIND_${kind.value}`, timeZone: zone.value.trim(),
-        cronExpression: cron.value.trim(), interval: `${Math.round(Number(interval.value) || 0)}s`,
-        template: { handler: handler.value.trim() || 'preview' },
-      };
-      if (kind.value !== 'CRON') {
-        if (!(Number(interval.value) >= 1)) return replace(preview, h('p.muted', 'Give an interval to see the fires.'));
-        draft.nextFireTime = new Date(Date.now() + durationMs(draft.interval)).toISOString();
-      } else {
-        if (!draft.cronExpression) return replace(preview, h('p.muted', 'Give a cron expression to see the fires.'));
-        draft.nextFireTime = new Date().toISOString(); // asks the server's preview
+      const d = draft();
+      if (typeof d === 'string') {
+        replace(preview, h('p.muted', d));
+        return;
       }
+      preview.setAttribute('aria-busy', 'true');
       try {
-        new Intl.DateTimeFormat(undefined, { timeZone: draft.timeZone || 'UTC' });
-      } catch {
-        return replace(preview, h('p.muted', 'Give a valid time zone to see the fires.'));
+        const res = await previewFires(d, previewAbort.signal);
+        if (kind.value === 'FIXED_DELAY') res.note = 'Later fires depend on when each run ends.';
+        replace(preview, firesList(res, d));
+      } catch (err) {
+        if (err.name === 'AbortError') return;
+        // Said next to the preview, without interrupting the typing.
+        replace(preview, h('p.error', 'No preview: ', err.message));
       }
-      try {
-        const res = await nextFires(draft, previewAbort.signal);
-        if (kind.value === 'CRON' && res.note) {
-          replace(preview, res.missing ? notAvailable('A preview of the next fires') : h('p.error', res.note));
-        } else {
-          replace(preview, firesList(res, draft));
-        }
-      } catch {
-        /* replaced by a newer preview */
-      }
+      preview.removeAttribute('aria-busy');
     }, 400);
   };
-  for (const el of [kind, cron, interval, zone]) el.addEventListener('input', updatePreview);
-  kind.addEventListener('change', updatePreview);
+  for (const el of [kind, cron, interval, zone, handler]) el.addEventListener('input', updatePreview);
+  for (const el of [kind, misfire, overlap]) el.addEventListener('change', updatePreview);
   updatePreview();
 
   const formNote = h('div');

@@ -3,7 +3,7 @@
 
 import { get, post, stream, query } from './api.js';
 import {
-  h, replace, time, badge, taskState, short, labelChips, errorNote, notAvailable,
+  h, replace, time, badge, taskState, short, labelChips, errorNote,
   payloadView, confirmDialog, announce, durationMs, humanMs, TERMINAL,
 } from './ui.js';
 
@@ -100,7 +100,9 @@ export async function taskDetail(root, { args: [id], signal }) {
     const rows = [
       ['Handler', t.handler],
       ['Namespace', t.namespace],
-      ['Runs', `${t.runCount || 0} of ${t.maxAttempts || '—'}`],
+      // A retry gives a fresh run budget; the attempts before it stay.
+      ['Runs', `${t.runCount || 0} of ${t.maxAttempts || '—'}`,
+        (t.attempts?.length || 0) > (t.runCount || 0) ? ` (${t.attempts.length} attempts in all)` : ''],
       ['Priority', String(t.priority || 0)],
       ['Created', time(t.createTime)],
       ['Runs at', time(t.runAt)],
@@ -115,7 +117,7 @@ export async function taskDetail(root, { args: [id], signal }) {
       ['Schedule', t.scheduleId ? h('a.mono', { href: `#/schedules/${t.scheduleId}` }, t.scheduleId) : '—'],
       ['Error', t.errorMessage || '—'],
     ];
-    replace(summary, rows.map(([k, v]) => [h('dt', k), h('dd', v)]));
+    replace(summary, rows.map(([k, ...v]) => [h('dt', k), h('dd', v)]));
   }
 
   function renderAttempts(attempts) {
@@ -173,17 +175,23 @@ export async function taskDetail(root, { args: [id], signal }) {
 
   async function retry() {
     const ok = await confirmDialog({
-      title: 'Retry this task?', message: `Task ${id} (${task.handler}) runs again.`,
+      title: 'Retry this task?',
+      message: `Task ${id} (${task.handler}) goes back to READY and runs again, with a fresh run budget. Its earlier attempts stay in the list.`,
       confirmLabel: 'Retry task', danger: false,
     });
     if (!ok) return;
+    replace(actionNote, h('p', { role: 'status' }, 'Retrying…'));
     try {
       const res = await post(`/api/tasks/${id}:retry`, {});
-      replace(actionNote, h('p.ok', { role: 'status' }, 'Retried.'));
+      replace(actionNote, res.retried
+        ? h('p.ok', { role: 'status' }, 'Retried: the task went back to READY to run again.')
+        : h('p', { role: 'status' }, 'The task had not ended, so it was left as it is.'));
       if (res.task) render(res.task);
+      if (!actions.contains(document.activeElement)) stateBox.focus();
       follow();
+      logs.follow(task);
     } catch (err) {
-      replace(actionNote, err.missing ? notAvailable('Retry') : errorNote(err, 'Retry failed'));
+      replace(actionNote, errorNote(err, 'Retry failed'));
     }
   }
 
@@ -319,12 +327,12 @@ function logsSection(id, signal) {
         }, 'Load more lines'));
       }
       loaded = true;
-      if (!count) status.textContent = 'No lines yet.';
+      if (!count) status.textContent = TERMINAL.has(taskState(task)) ? 'No lines.' : 'No lines yet.';
       followLogs(task);
     } catch (err) {
       if (signal.aborted) return;
       status.textContent = '';
-      replace(note, err.missing ? notAvailable('Task logs') : errorNote(err, 'Could not load the logs'));
+      replace(note, errorNote(err, 'Could not load the logs'));
     }
   }
 

@@ -1,9 +1,11 @@
-// Tasks: a filtered, paged list (the server's page tokens, one page at a
-// time, never everything) with bulk cancel and retry of the selected tasks.
+// Tasks: a filtered, paged list (the server filters and pages: one page at
+// a time, never everything) with bulk cancel and retry of the selected
+// tasks, and cancel of every task that matches the filters (the server's
+// CancelTasks, bounded, counted first).
 
 import { get, post, query, bounded } from './api.js';
 import {
-  h, replace, time, badge, taskState, labelChips, errorNote, notAvailable,
+  h, replace, time, badge, taskState, labelChips, errorNote,
   tableWrap, confirmDialog, announce, TASK_STATES, TERMINAL,
 } from './ui.js';
 
@@ -38,30 +40,35 @@ export async function taskList(root, { params, signal, go }) {
     return `#/tasks${s ? `?${s}` : ''}`;
   };
 
-  // Look up by id.
+  // Look up by task id or by the client_request_id it was submitted with.
   const idInput = h('input#lookup-id', {
-    name: 'id', placeholder: '0193…', autocomplete: 'off', spellcheck: 'false', size: '38',
+    name: 'id', placeholder: 'a task id or client request id', autocomplete: 'off', spellcheck: 'false', size: '38',
+    'aria-describedby': 'lookup-help',
   });
   const lookupNote = h('div');
   const lookup = h('form.inline', {
     role: 'search', 'aria-label': 'Look up a task',
     onsubmit: async (e) => {
       e.preventDefault();
-      const id = idInput.value.trim();
+      const key = idInput.value.trim();
       replace(lookupNote);
-      if (!UUID.test(id)) {
-        replace(lookupNote, h('p.error', { role: 'alert' }, 'A task id is a UUID such as 0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b.'));
+      if (!key) {
+        replace(lookupNote, h('p.error', { role: 'alert' }, 'Type a task id (a UUID) or the client request id it was submitted with.'));
+        idInput.focus();
         return;
       }
       try {
-        await get(`/api/tasks/${id}`, { signal });
-        go(`#/tasks/${id}`);
+        const id = await lookUp(key, signal);
+        if (id) go(`#/tasks/${id}`);
+        else replace(lookupNote, h('p.error', { role: 'alert' }, `No task has the id or client request id “${key}”.`));
       } catch (err) {
         replace(lookupNote, errorNote(err, 'Lookup failed'));
       }
     },
   },
-  h('label', { for: 'lookup-id' }, 'Task id'), idInput, h('button', { type: 'submit' }, 'Open'), lookupNote);
+  h('label', { for: 'lookup-id' }, 'Task id or client request id'), idInput, h('button', { type: 'submit' }, 'Open'),
+  h('p.help#lookup-help', 'A task id is a UUID; a client request id is the key the task was submitted with.'),
+  lookupNote);
 
   // Filters.
   const field = (id, label, input) => h('div.field', h('label', { for: id }, label), input);
@@ -69,7 +76,7 @@ export async function taskList(root, { params, signal, go }) {
     h('option', { value: '' }, 'Any state'),
     TASK_STATES.map((s) => h('option', { value: `TASK_STATE_${s}`, selected: f.state === `TASK_STATE_${s}` }, s.replace('_', ' '))));
   const handlerIn = h('input#f-handler', { name: 'handler', value: f.handler, autocomplete: 'off', placeholder: 'e.g. echo' });
-  const labelIn = h('input#f-label', { name: 'label', value: f.label, autocomplete: 'off', placeholder: 'key=value' });
+  const labelIn = h('input#f-label', { name: 'label', value: f.label, autocomplete: 'off', placeholder: 'key or key=value' });
   const afterIn = h('input#f-after', { type: 'datetime-local', name: 'after', value: f.after, step: '1' });
   const beforeIn = h('input#f-before', { type: 'datetime-local', name: 'before', value: f.before, step: '1' });
   const sizeSel = h('select#f-size', { name: 'size' },
@@ -100,12 +107,23 @@ export async function taskList(root, { params, signal, go }) {
     listBox,
   );
 
+  // datetime-local inputs are in the browser's zone; the API takes instants.
+  const instant = (v) => {
+    const d = v ? new Date(v) : null;
+    return d && !Number.isNaN(d.getTime()) ? d.toISOString() : undefined;
+  };
+  const filter = {
+    state: f.state || undefined,
+    handler: f.handler || undefined,
+    label: f.label || undefined,
+    createdAfter: instant(f.after),
+    createdBefore: instant(f.before),
+  };
+
   let tasks = [];
   let next = '';
   try {
-    const res = await get(`/api/tasks${query({
-      state: f.state, handler: f.handler, pageSize: f.size, pageToken,
-    })}`, { signal });
+    const res = await get(`/api/tasks${query({ ...filter, pageSize: f.size, pageToken })}`, { signal });
     tasks = res.tasks || [];
     next = res.nextPageToken || '';
   } catch (err) {
@@ -115,22 +133,6 @@ export async function taskList(root, { params, signal, go }) {
     return;
   }
   if (signal.aborted) return;
-
-  // Label and time range are not server filters (yet): they narrow this page.
-  const [lk, lv] = f.label.includes('=') ? f.label.split(/=(.*)/s) : [f.label, undefined];
-  const after = f.after ? new Date(f.after) : null;
-  const before = f.before ? new Date(f.before) : null;
-  const shown = tasks.filter((t) => {
-    if (lk && !(lk in (t.labels || {}))) return false;
-    if (lk && lv !== undefined && t.labels[lk] !== lv) return false;
-    const c = new Date(t.createTime);
-    if (after && c < after) return false;
-    if (before && c > before) return false;
-    return true;
-  });
-  // Newest first: once a page reaches past "from", older pages cannot match.
-  const oldest = tasks.length ? new Date(tasks[tasks.length - 1].createTime) : null;
-  if (after && oldest && oldest < after) next = '';
 
   const selected = new Set();
   const count = h('span#sel-count', '0 selected');
@@ -142,8 +144,8 @@ export async function taskList(root, { params, signal, go }) {
   const refreshSel = () => {
     count.textContent = `${selected.size} selected`;
     cancelBtn.disabled = retryBtn.disabled = selected.size === 0;
-    all.checked = shown.length > 0 && selected.size === shown.length;
-    all.indeterminate = selected.size > 0 && selected.size < shown.length;
+    all.checked = tasks.length > 0 && selected.size === tasks.length;
+    all.indeterminate = selected.size > 0 && selected.size < tasks.length;
   };
   const all = h('input#sel-all', {
     type: 'checkbox', 'aria-label': 'Select every task on this page',
@@ -157,7 +159,7 @@ export async function taskList(root, { params, signal, go }) {
     },
   });
 
-  const rows = shown.map((t) => {
+  const rows = tasks.map((t) => {
     const box = h('input', {
       type: 'checkbox', value: t.taskId, 'aria-label': `Select task ${t.taskId}`,
       onchange: () => {
@@ -178,7 +180,6 @@ export async function taskList(root, { params, signal, go }) {
       h('td', labelChips(t.labels)));
   });
 
-  const clientSide = Boolean(f.label || f.after || f.before);
   const table = h('table.tasks',
     h('caption.visually-hidden', 'Tasks, newest first'),
     h('thead', h('tr',
@@ -211,10 +212,9 @@ export async function taskList(root, { params, signal, go }) {
     h('div.toolbar', { role: 'group', 'aria-label': 'Bulk actions' },
       count, cancelBtn, retryBtn, matchBtn, h('button', { type: 'button', onclick: () => go(toHash({ page: pageToken })) }, 'Refresh')),
     actionNote,
-    clientSide ? h('p.note', 'Label and time filters narrow the page the server sent; the server cannot filter by them yet.') : null,
-    shown.length
+    tasks.length
       ? tableWrap('Tasks', table)
-      : h('p.empty', tasks.length ? 'No task on this page matches the label or time filter.' : 'No tasks match.'),
+      : h('p.empty', next ? 'No task on this page matches; older pages may hold some.' : 'No tasks match.'),
     pager);
   listBox.removeAttribute('aria-busy');
 
@@ -247,29 +247,26 @@ export async function taskList(root, { params, signal, go }) {
       confirmLabel: `Retry ${n}`, danger: false,
     });
     if (!ok) return;
-    // The first call tells whether the server has RetryTask at all.
-    try {
-      await post(`/api/tasks/${ended[0]}:retry`, {});
-    } catch (err) {
-      replace(actionNote, err.missing ? notAvailable('Retry') : errorNote(err, `Retry of ${ended[0]} failed`));
-      return;
-    }
-    await runBulk(ended.slice(1), 'Retrying', 'retried', (id) => post(`/api/tasks/${id}:retry`, {}), 1);
+    await runBulk(ended, 'Retrying', 'retried', (id) => post(`/api/tasks/${id}:retry`, {}));
   }
 
-  async function runBulk(ids, doing, done, call, already = 0) {
-    const total = ids.length + already;
-    const progress = h('p', { role: 'status' }, `${doing} ${already} of ${total}…`);
+  async function runBulk(ids, doing, done, call) {
+    const total = ids.length;
+    const progress = h('p', { role: 'status' }, `${doing} 0 of ${total}…`);
     replace(actionNote, progress);
     cancelBtn.disabled = retryBtn.disabled = true;
-    let finished = already;
+    let finished = 0;
     const results = await bounded(ids, IN_FLIGHT, call, () => {
       finished++;
       progress.textContent = `${doing} ${finished} of ${total}…`;
     });
     const failed = results.map((r, i) => [ids[i], r]).filter(([, r]) => !r.ok);
-    const okCount = total - failed.length;
-    const summary = `${done[0].toUpperCase()}${done.slice(1)} ${okCount} of ${total}.`;
+    // RetryTask leaves a task that has not ended as it is (retried false,
+    // which proto3 JSON leaves out); a cancel has no such flag.
+    const unchanged = done === 'retried' ? results.filter((r) => r.ok && !r.value?.retried).length : 0;
+    const okCount = total - failed.length - unchanged;
+    const summary = `${done[0].toUpperCase()}${done.slice(1)} ${okCount} of ${total}.`
+      + (unchanged ? ` ${unchanged} had not ended and ${unchanged === 1 ? 'was' : 'were'} left as ${unchanged === 1 ? 'it was' : 'they were'}.` : '');
     announce(summary);
     selected.clear();
     // Show the outcome on a fresh copy of this page.
@@ -281,35 +278,51 @@ export async function taskList(root, { params, signal, go }) {
     go(toHash({ page: pageToken }));
   }
 
+  // Counts first (a dry run), asks with that count, then cancels at most
+  // that many: tasks submitted in between are not swept up unseen.
   async function cancelMatching() {
-    const filter = {
-      state: f.state || undefined, handler: f.handler || undefined,
-      labels: lk ? { [lk]: lv ?? '' } : undefined,
-      createdAfter: after ? after.toISOString() : undefined,
-      createdBefore: before ? before.toISOString() : undefined,
-      limit: MATCH_LIMIT, reason: 'cancelled from the console',
-    };
+    if (f.state && TERMINAL.has(f.state.replace('TASK_STATE_', ''))) {
+      replace(actionNote, h('p', { role: 'status' }, `${f.state.replace('TASK_STATE_', '').replace('_', ' ')} tasks have ended: there is nothing to cancel.`));
+      return;
+    }
+    const body = { ...filter, reason: 'cancelled from the console' };
     let matched;
     try {
-      const res = await post('/api/tasks:cancel', { ...filter, dryRun: true });
+      const res = await post('/api/tasks:cancel', { ...body, limit: MATCH_LIMIT, dryRun: true });
       matched = Number(res.matched || 0);
     } catch (err) {
-      replace(actionNote, err.missing ? notAvailable('Cancel all that match') : errorNote(err, 'Could not count the matching tasks'));
+      replace(actionNote, errorNote(err, 'Could not count the matching tasks'));
       return;
     }
     if (!matched) {
-      replace(actionNote, h('p', { role: 'status' }, 'No task that can be cancelled matches.'));
+      replace(actionNote, h('p', { role: 'status' }, 'No task that matches these filters is waiting or running: nothing to cancel.'));
       return;
     }
+    const capped = matched >= MATCH_LIMIT;
+    const one = matched === 1;
+    const what = `${capped ? 'At least ' : ''}${matched.toLocaleString()} ${one ? 'task matches' : 'tasks match'}`;
+    const filters = [
+      f.state && `state ${f.state.replace('TASK_STATE_', '')}`,
+      f.handler && `handler ${f.handler}`,
+      f.label && `label ${f.label}`,
+      filter.createdAfter && `created from ${new Date(filter.createdAfter).toLocaleString()}`,
+      filter.createdBefore && `created until ${new Date(filter.createdBefore).toLocaleString()}`,
+    ].filter(Boolean);
     const ok = await confirmDialog({
-      title: `Cancel ${matched} ${matched === 1 ? 'task' : 'tasks'}?`,
-      message: `Every task that matches these filters and has not ended (${matched.toLocaleString()}, at most ${MATCH_LIMIT.toLocaleString()}) will be cancelled. This cannot be undone.`,
-      confirmLabel: `Cancel ${matched}`,
+      title: `Cancel ${matched.toLocaleString()} ${one ? 'task' : 'tasks'} that match?`,
+      message: `${what} ${filters.length ? `these filters (${filters.join(', ')})` : 'no filter: every task that has not ended'} and ${one ? 'has' : 'have'} not ended. `
+        + `${capped ? `The newest ${MATCH_LIMIT.toLocaleString()} will be cancelled` : `${one ? 'It' : 'They'} will be cancelled`}; running attempts are told to stop. This cannot be undone.`,
+      confirmLabel: `Cancel ${matched.toLocaleString()}`,
     });
     if (!ok) return;
+    replace(actionNote, h('p', { role: 'status' }, `Cancelling ${matched.toLocaleString()}…`));
     try {
-      const res = await post('/api/tasks:cancel', filter);
-      pendingNote = h('p.ok', { role: 'status' }, `Cancelled ${Number(res.cancelled || 0).toLocaleString()} tasks.`);
+      const res = await post('/api/tasks:cancel', { ...body, limit: matched });
+      const n = Number(res.cancelled || 0);
+      const summary = `Cancelled ${n.toLocaleString()} of ${matched.toLocaleString()} ${matched === 1 ? 'task' : 'tasks'} that matched.`;
+      announce(summary);
+      pendingNote = h('p.ok', { role: 'status' }, summary,
+        n < matched ? ' The others ended before they could be cancelled.' : '');
       go(toHash({ page: '' }));
     } catch (err) {
       replace(actionNote, errorNote(err, 'Cancel all that match failed'));
@@ -324,3 +337,16 @@ export async function taskList(root, { params, signal, go }) {
 
 // The outcome of a bulk action, shown on the reloaded page.
 let pendingNote = null;
+
+/** The id of the task with this id or client_request_id, or null. */
+async function lookUp(key, signal) {
+  if (UUID.test(key)) {
+    try {
+      return (await get(`/api/tasks/${key}`, { signal })).task.taskId;
+    } catch (err) {
+      if (err.status !== 404) throw err; // a UUID may be a client request id too
+    }
+  }
+  const res = await get(`/api/tasks${query({ clientRequestId: key, pageSize: 1 })}`, { signal });
+  return res.tasks?.[0]?.taskId || null;
+}

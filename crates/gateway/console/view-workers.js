@@ -3,13 +3,17 @@
 
 import { get, post } from './api.js';
 import {
-  h, replace, time, badge, short, labelChips, errorNote, notAvailable, tableWrap, confirmDialog,
+  h, replace, time, badge, short, labelChips, errorNote, tableWrap, confirmDialog, announce,
 } from './ui.js';
 
 const REFRESH_MS = 5000;
 
-/** Re-runs load() every few seconds until the view closes, keeping keyboard focus. */
-function every(signal, box, load) {
+/**
+ * Runs load() now and every few seconds until the view closes, keeping
+ * keyboard focus; resolves after the first run with a function that runs it
+ * again at once.
+ */
+async function every(signal, box, load) {
   const tick = async () => {
     const key = box.contains(document.activeElement) ? document.activeElement.dataset.key : null;
     await load();
@@ -17,20 +21,28 @@ function every(signal, box, load) {
   };
   const timer = setInterval(tick, REFRESH_MS);
   signal.addEventListener('abort', () => clearInterval(timer), { once: true });
-  return tick();
+  await tick();
+  return tick;
+}
+
+// Workers are named by their host by default, so several may share a name:
+// the id tells them apart.
+function who(w) {
+  return w.name && w.name !== w.workerId ? `${w.name} (${w.workerId})` : w.workerId;
 }
 
 function slots(w) {
   const cap = Number(w.capacity || 0);
   const act = Number(w.active || 0);
   return h('div.slots',
-    h('meter', { min: '0', max: String(cap || 1), value: String(act), 'aria-label': `Slots used by ${w.name || w.workerId}` }),
+    h('meter', { min: '0', max: String(cap || 1), value: String(act), 'aria-label': `Slots used by ${who(w)}` }),
     ` ${act} of ${cap}`);
 }
 
 function mode(w) {
-  if (w.mode) return short(w.mode, 'WORKER_MODE_').toLowerCase();
-  return h('span.muted', { title: 'ListWorkers does not report the mode yet' }, 'not reported');
+  const m = short(w.mode, 'WORKER_MODE_');
+  if (!m || m === 'UNSPECIFIED') return h('span.muted', 'not reported');
+  return h('span', { title: m === 'PUSH' ? 'The server calls its Worker service' : 'It holds a stream to the server' }, m.toLowerCase());
 }
 
 export async function workers(root, { signal }) {
@@ -39,21 +51,38 @@ export async function workers(root, { signal }) {
   root.append(h('h1', 'Workers'), note, box);
 
   const drain = async (w) => {
+    const name = who(w);
     const ok = await confirmDialog({
-      title: `Drain ${w.name || w.workerId}?`,
-      message: 'It finishes the tasks it has and takes no new ones. This cannot be undone from here.',
+      title: `Drain ${name}?`,
+      message: 'It takes no new task and finishes those it has; then its stream closes (a taskmesh worker connects again afterwards).',
       confirmLabel: 'Drain worker',
     });
     if (!ok) return;
+    const notReached = (why) => replace(note, h('p.error', { role: 'alert' },
+      `${name} was not reached: ${why} (it may be connected to another replica, or gone). Nothing was drained.`));
     try {
-      await post(`/api/workers/${encodeURIComponent(w.workerId)}:drain`, {});
-      replace(note, h('p.ok', { role: 'status' }, `Draining ${w.name || w.workerId}.`));
+      const res = await post(`/api/workers/${encodeURIComponent(w.workerId)}:drain`, {});
+      const streams = Number(res.streams || 0);
+      if (streams) {
+        const text = `Draining ${name}: ${streams} ${streams === 1 ? 'stream was' : 'streams were'} told to drain.`;
+        replace(note, h('p.ok', { role: 'status' }, text));
+        announce(text);
+      } else {
+        notReached('the replica that answered holds no stream of it');
+      }
     } catch (err) {
-      replace(note, err.missing ? notAvailable('Drain') : errorNote(err, 'Drain failed'));
+      if (err.status === 404) notReached(err.message);
+      else replace(note, errorNote(err, `Drain of ${name} failed`));
+    }
+    await refresh();
+    // The Drain button is gone once the worker drains: keep focus near it.
+    if (!box.contains(document.activeElement) && note.firstChild) {
+      note.firstChild.tabIndex = -1;
+      note.firstChild.focus();
     }
   };
 
-  await every(signal, box, async () => {
+  const refresh = await every(signal, box, async () => {
     let res;
     try {
       res = await get('/api/workers', { signal });
@@ -75,7 +104,7 @@ export async function workers(root, { signal }) {
         h('caption.visually-hidden', 'Connected workers'),
         h('thead', h('tr', ['Worker', 'Handlers', 'Slots used', 'Labels', 'Mode', 'State', 'CPU idle', 'Avg cost', 'Replica', 'Last seen', 'Actions']
           .map((c) => h('th', { scope: 'col' }, c)))),
-        h('tbody', list.map((w) => h('tr',
+        h('tbody', list.map((w) => h('tr', { 'data-worker': w.workerId },
           h('td', h('strong', w.name || w.workerId), w.name && w.name !== w.workerId ? h('div.small.mono', w.workerId) : null),
           h('td', h('ul.chips', (w.handlers || []).map((x) => h('li.chip', x)))),
           h('td', slots(w)),
@@ -88,7 +117,7 @@ export async function workers(root, { signal }) {
           h('td', time(w.lastSeenTime)),
           h('td', w.draining ? '—' : h('button', {
             type: 'button', 'data-key': `drain-${w.sessionId || w.workerId}`,
-            'aria-label': `Drain ${w.name || w.workerId}`, onclick: () => drain(w),
+            'aria-label': `Drain ${who(w)}`, onclick: () => drain(w),
           }, 'Drain'))))))));
   });
 }
