@@ -94,7 +94,7 @@ async fn retry_runs_an_ended_task_again_once_and_never_a_success() {
     fail(&raw, &first).await;
     rest.wait_state(&id, "TASK_STATE_FAILED", LIMIT).await;
 
-    let path = format!("/api/tasks/{id}:retry");
+    let path = format!("/api/tasks/{id}/retry");
     let reply = rest.call(Method::POST, &path, Some(json!({}))).await;
     assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json);
     assert_eq!(reply.json["retried"], true);
@@ -119,7 +119,7 @@ async fn retry_runs_an_ended_task_again_once_and_never_a_success() {
     // A success is never rerun; bad or unknown ids are refused.
     let again = rest.call(Method::POST, &path, Some(json!({}))).await;
     assert_error(&again, 400, 9, "SUCCEEDED");
-    let unknown = format!("/api/tasks/{}:retry", taskmesh_core::id::new_task_id());
+    let unknown = format!("/api/tasks/{}/retry", taskmesh_core::id::new_task_id());
     assert_error(
         &rest.call(Method::POST, &unknown, Some(json!({}))).await,
         404,
@@ -128,7 +128,7 @@ async fn retry_runs_an_ended_task_again_once_and_never_a_success() {
     );
     assert_error(
         &rest
-            .call(Method::POST, "/api/tasks/nope:retry", Some(json!({})))
+            .call(Method::POST, "/api/tasks/nope/retry", Some(json!({})))
             .await,
         400,
         3,
@@ -409,7 +409,7 @@ async fn a_drained_worker_gets_nothing_new_and_shows_draining() {
     let reply = rest
         .call(
             Method::POST,
-            "/api/workers/w-drained:drain",
+            "/api/workers/w-drained/drain",
             Some(json!({})),
         )
         .await;
@@ -441,7 +441,7 @@ async fn a_drained_worker_gets_nothing_new_and_shows_draining() {
         "the drained worker was pushed nothing"
     );
     let unknown = rest
-        .call(Method::POST, "/api/workers/nobody:drain", Some(json!({})))
+        .call(Method::POST, "/api/workers/nobody/drain", Some(json!({})))
         .await;
     assert_error(&unknown, 404, 5, "not connected");
     first.close().await;

@@ -27,7 +27,7 @@ describe('workers and overview', () => {
     await row.getByText('stream', { exact: true }).waitFor();
     await row.getByRole('button', { name: /^Drain .*console-drain-me/ }).click();
     await page.getByRole('dialog', { name: /^Drain .*console-drain-me.*\?$/ }).getByRole('button', { name: 'Drain worker' }).click();
-    await page.locator('.action-note').getByText(/^Draining .*console-drain-me.*: 1 stream was told to drain\.$/).waitFor({ timeout: WAIT });
+    await page.locator('.action-note').getByText(/^Draining .*console-drain-me.*: 1 session gets no new task\.$/).waitFor({ timeout: WAIT });
     await row.getByText('DRAINING', { exact: true }).waitFor({ timeout: WAIT });
     assert.equal(await row.getByRole('button').count(), 0, 'a draining worker offers no Drain');
     const other = page.locator('tr[data-worker="console-worker"]');
@@ -38,7 +38,7 @@ describe('workers and overview', () => {
     await shot(page, 'workers-draining-light');
     // A worker the answering replica does not hold: nothing is drained. (The
     // server answers NOT_FOUND here; {streams: 0} would say the same.)
-    const unknown = await s.api.call('POST', '/api/workers/no-such-worker:drain', {}).catch((e) => e);
+    const unknown = await s.api.call('POST', '/api/workers/no-such-worker/drain', {}).catch((e) => e);
     assert.ok(unknown.status === 404 ? /not connected/.test(unknown.body.message) : Number(unknown.streams || 0) === 0,
       `drain of an unknown worker: ${unknown.message || JSON.stringify(unknown)}`);
     await s.api.call('POST', `/api/tasks/${busy}/cancel`, {});

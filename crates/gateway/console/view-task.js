@@ -182,7 +182,7 @@ export async function taskDetail(root, { args: [id], signal }) {
     if (!ok) return;
     replace(actionNote, h('p', { role: 'status' }, 'Retrying…'));
     try {
-      const res = await post(`/api/tasks/${id}:retry`, {});
+      const res = await post(`/api/tasks/${id}/retry`, {});
       replace(actionNote, res.retried
         ? h('p.ok', { role: 'status' }, 'Retried: the task went back to READY to run again.')
         : h('p', { role: 'status' }, 'The task had not ended, so it was left as it is.'));

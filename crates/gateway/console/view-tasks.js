@@ -247,7 +247,7 @@ export async function taskList(root, { params, signal, go }) {
       confirmLabel: `Retry ${n}`, danger: false,
     });
     if (!ok) return;
-    await runBulk(ended, 'Retrying', 'retried', (id) => post(`/api/tasks/${id}:retry`, {}));
+    await runBulk(ended, 'Retrying', 'retried', (id) => post(`/api/tasks/${id}/retry`, {}));
   }
 
   async function runBulk(ids, doing, done, call) {

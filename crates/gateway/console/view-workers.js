@@ -54,17 +54,17 @@ export async function workers(root, { signal }) {
     const name = who(w);
     const ok = await confirmDialog({
       title: `Drain ${name}?`,
-      message: 'It takes no new task and finishes those it has; then its stream closes (a taskmesh worker connects again afterwards).',
+      message: 'It gets no new task and finishes those it has. It stays connected until you stop it; if it connects again, it takes tasks again.',
       confirmLabel: 'Drain worker',
     });
     if (!ok) return;
     const notReached = (why) => replace(note, h('p.error', { role: 'alert' },
       `${name} was not reached: ${why} (it may be connected to another replica, or gone). Nothing was drained.`));
     try {
-      const res = await post(`/api/workers/${encodeURIComponent(w.workerId)}:drain`, {});
+      const res = await post(`/api/workers/${encodeURIComponent(w.workerId)}/drain`, {});
       const streams = Number(res.streams || 0);
       if (streams) {
-        const text = `Draining ${name}: ${streams} ${streams === 1 ? 'stream was' : 'streams were'} told to drain.`;
+        const text = `Draining ${name}: ${streams} ${streams === 1 ? 'session gets' : 'sessions get'} no new task.`;
         replace(note, h('p.ok', { role: 'status' }, text));
         announce(text);
       } else {
