@@ -71,6 +71,31 @@ describe('tasks', () => {
     await closePage(page);
   });
 
+  test('the namespace chosen in the header scopes the lists, a task page and its actions', T, async () => {
+    const other = await s.api.submit('nobody.serves.ns', { n: 1 }, { namespace: 'console-ns', delay: '3600s' });
+    const page = await newPage();
+    await s.open(page, '#/tasks');
+    assert.equal(await page.locator(`tr[data-task="${other}"]`).count(), 0, 'not in the default namespace');
+    await page.fill('#ns-input', '-bad');
+    await page.click('#ns-form button[type=submit]');
+    await page.locator('#ns-form .error').waitFor({ timeout: WAIT });
+    assert.equal(await page.getAttribute('#ns-input', 'aria-invalid'), 'true');
+    await page.fill('#ns-input', 'console-ns');
+    await page.press('#ns-input', 'Enter');
+    await page.locator(`tr[data-task="${other}"]`).waitFor({ timeout: WAIT });
+    assert.equal(await page.evaluate(() => sessionStorage.getItem('taskmesh.console.namespace')), 'console-ns');
+    await s.open(page, `#/tasks/${other}`);
+    await page.locator('dl.fields').getByText('console-ns').waitFor({ timeout: WAIT });
+    // An action on the page acts in that namespace too.
+    await page.getByRole('button', { name: 'Cancel task' }).click();
+    await page.getByRole('dialog').getByRole('button', { name: 'Cancel task' }).click();
+    await until('the task in console-ns to be cancelled', async () => {
+      const t = (await s.api.call('GET', `/api/tasks/${other}?namespace=console-ns`)).task;
+      return t.state === 'TASK_STATE_CANCELLED';
+    });
+    await closePage(page);
+  });
+
   test('a task detail goes to SUCCEEDED without a reload', T, async () => {
     const id = await s.api.submit('sleep', { ms: 1500 }, { delay: '1s' });
     const page = await newPage();
@@ -131,7 +156,7 @@ describe('tasks', () => {
     assert.equal(task.attempts.length, 2);
     // A SUCCEEDED task cannot be retried: the button is gone, and the API says why.
     assert.equal(await page.locator('#retry-task').count(), 0);
-    await assert.rejects(s.api.call('POST', `/api/tasks/${id}:retry`, {}), (e) => e.status >= 400 && e.status < 500 && Boolean(e.body.message));
+    await assert.rejects(s.api.call('POST', `/api/tasks/${id}/retry`, {}), (e) => e.status >= 400 && e.status < 500 && Boolean(e.body.message));
     await shot(page, 'task-retried-light');
     await closePage(page);
   });

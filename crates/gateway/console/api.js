@@ -4,6 +4,42 @@
 // the browser session) and travels as a bearer header, never in a URL.
 
 const TOKEN_KEY = 'taskmesh.console.token';
+const NAMESPACE_KEY = 'taskmesh.console.namespace';
+/** What a namespace name may be (the contract's rule). */
+export const NAMESPACE_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$/;
+
+/** The namespace every call acts in; '' means the token's own ("default" without auth). */
+export function namespace() {
+  try {
+    return sessionStorage.getItem(NAMESPACE_KEY) || '';
+  } catch {
+    return '';
+  }
+}
+export function setNamespace(name) {
+  if (name) sessionStorage.setItem(NAMESPACE_KEY, name);
+  else sessionStorage.removeItem(NAMESPACE_KEY);
+}
+
+// The chosen namespace travels with every call: in a JSON body that is the
+// request itself, else as a query parameter (GETs, DELETEs, and the
+// schedule create/update calls whose body is the schedule alone).
+function scoped(path, init) {
+  const ns = namespace();
+  if (!ns || !path.startsWith('/api/')) return { path, init };
+  const scheduleBody = /^\/api\/schedules(\/[^/:?]+)?$/.test(path) && ['POST', 'PUT'].includes(init.method);
+  if (init.body !== undefined && !scheduleBody) {
+    const body = JSON.parse(init.body);
+    if (body && typeof body === 'object' && !Array.isArray(body) && !('namespace' in body)) {
+      return { path, init: { ...init, body: JSON.stringify({ ...body, namespace: ns }) } };
+    }
+    return { path, init };
+  }
+  const [base, q = ''] = path.split('?');
+  const params = new URLSearchParams(q);
+  if (!params.has('namespace')) params.set('namespace', ns);
+  return { path: `${base}?${params}`, init };
+}
 
 /** An API call that failed, with the server's own words when it gave them. */
 export class ApiError extends Error {
@@ -78,7 +114,8 @@ async function errorFrom(res) {
 
 // fetch with the token; on 401 ask for a token (once for all concurrent
 // calls) and try again with it, until it works or the person declines.
-async function send(path, init) {
+async function send(rawPath, rawInit) {
+  const { path, init } = scoped(rawPath, rawInit);
   for (;;) {
     const sent = token();
     let res;

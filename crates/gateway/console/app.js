@@ -2,7 +2,9 @@
 // the token prompt. Each view gets an AbortSignal that fires when the person
 // leaves it, so its streams and timers end with it.
 
-import { onAuthChange, setTokenPrompt, forgetToken, session } from './api.js';
+import {
+  onAuthChange, setTokenPrompt, forgetToken, session, namespace, setNamespace, NAMESPACE_PATTERN,
+} from './api.js';
 import { h, replace, tokenDialog } from './ui.js';
 import { overview } from './view-overview.js';
 import { taskList } from './view-tasks.js';
@@ -103,6 +105,30 @@ function renderAuth(mode) {
   }
 }
 
+// The namespace every view shows: kept for the browser session, sent with
+// every call (api.js); changing it redraws the current view.
+function setupNamespace() {
+  const form = document.getElementById('ns-form');
+  const input = document.getElementById('ns-input');
+  input.value = namespace();
+  form.addEventListener('submit', (e) => {
+    e.preventDefault();
+    const name = input.value.trim();
+    form.querySelector('.error')?.remove();
+    if (name && !NAMESPACE_PATTERN.test(name)) {
+      input.setAttribute('aria-invalid', 'true');
+      form.append(h('span.error', { role: 'alert' }, 'A namespace is 1-64 letters, digits or _ . : - and starts with a letter or digit.'));
+      input.focus();
+      return;
+    }
+    input.removeAttribute('aria-invalid');
+    input.value = name;
+    setNamespace(name);
+    route();
+  });
+}
+
+setupNamespace();
 setTokenPrompt(tokenDialog);
 onAuthChange(renderAuth);
 document.querySelector('.skip').addEventListener('click', (e) => {
