@@ -9,6 +9,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use taskmesh::v1 as pb;
 use taskmesh::v1::connect_request::Message as In;
+use taskmesh::v1::connect_response::Message as Out;
 use taskmesh_testkit::http::{Rest, assert_error, state_of};
 use taskmesh_testkit::raw::{self, RawWorker};
 use taskmesh_testkit::*;
@@ -242,6 +243,42 @@ async fn cancel_by_filter_counts_first_and_cancels_only_live_matches() {
         "{:?}",
         too_many.json
     );
+
+    // A running match (by handler: labels would need a worker carrying
+    // them) is cancelled too, and its worker is told.
+    let mut raw = RawWorker::connect(node.grpc_addr, "w-cancel", &["busy"], 1).await;
+    let running = id_of(
+        &rest
+            .call(Method::POST, "/api/tasks", Some(json!({"handler": "busy"})))
+            .await,
+    );
+    let a = raw.next_assign(LIMIT).await.expect("an assignment");
+    raw.ack(&a).await;
+    rest.wait_state(&running, "TASK_STATE_RUNNING", LIMIT).await;
+    let reply = rest
+        .call(
+            Method::POST,
+            "/api/tasks:cancel",
+            Some(json!({"handler": "busy"})),
+        )
+        .await;
+    assert_eq!(reply.json["cancelled"], 1, "{:?}", reply.json);
+    // The next messages until the cancel, within the deadline (receipts may
+    // come first).
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let told = loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match raw.next(left).await {
+            Some(Out::Cancel(c)) => break c,
+            Some(_) => continue,
+            None => panic!("the worker was not told to cancel within {LIMIT:?}"),
+        }
+    };
+    assert_eq!(
+        (told.task_id.as_str(), told.execution_id.as_str()),
+        (running.as_str(), a.execution_id.as_str())
+    );
+    raw.close().await;
 
     // The list filters the console uses find the same tasks.
     let listed = rest

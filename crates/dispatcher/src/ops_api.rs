@@ -17,6 +17,9 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
 }
 
+/// Tasks cancelled in one store transaction by CancelTasks.
+const CANCEL_CHUNK: usize = 500;
+
 /// The states a task can still be cancelled in.
 const LIVE: [TaskState; 5] = [
     TaskState::Pending,
@@ -199,12 +202,33 @@ pub(crate) async fn cancel_matching(
     } else {
         req.reason
     };
+    // One transaction per chunk, not per task: thousands of matches must
+    // not cost thousands of commits (nor outlive the call's deadline).
+    let event = Event::Cancel {
+        reason: reason.clone(),
+    };
     let mut cancelled = 0;
-    for task in &found {
-        if cancel_one(shared, task, &reason).await?.state == TaskState::Cancelled {
+    for chunk in found.chunks(CANCEL_CHUNK) {
+        let events: Vec<(String, Event)> = chunk
+            .iter()
+            .map(|t| (t.id.clone(), event.clone()))
+            .collect();
+        let now = shared.clock.now_millis();
+        let results = shared.store.transition_many(&events, now, None).await?;
+        for (before, result) in chunk.iter().zip(results) {
+            // A task that ended first (or is gone) is not counted.
+            let Ok(task) = result else { continue };
+            if task.state != TaskState::Cancelled {
+                continue;
+            }
             cancelled += 1;
+            if let Some(exec) = before.execution_id.as_deref() {
+                let ended = shared.registry.finish(exec);
+                shared.send_cancel(ended.map(|e| e.tx), &task.id, exec, &reason);
+            }
         }
     }
+    shared.wake.notify_one();
     info!(namespace = %namespace, matched, cancelled, "tasks cancelled by filter");
     Ok(pb::CancelTasksResponse { matched, cancelled })
 }
