@@ -175,6 +175,13 @@ impl Shared {
         }
     }
 
+    /// Ends an attempt on this node (frees its slot) and tells the stream
+    /// that held it, if any, to cancel it.
+    pub fn take_back_attempt(&self, task_id: &str, execution_id: &str, reason: &str) {
+        let ended = self.registry.finish(execution_id);
+        self.send_cancel(ended.map(|e| e.tx), task_id, execution_id, reason);
+    }
+
     /// Sends a cancel for an attempt to the stream holding it, if any.
     pub fn send_cancel(
         &self,
@@ -380,29 +387,20 @@ fn on_reaped(shared: &Shared, reaped: Reaped) {
             task_id,
             execution_id,
         } => {
-            let ended = shared.registry.finish(&execution_id);
             // The worker may still start it late; tell it not to.
-            shared.send_cancel(ended.map(|e| e.tx), &task_id, &execution_id, "ack timeout");
+            shared.take_back_attempt(&task_id, &execution_id, "ack timeout");
         }
         Reaped::TimedOut {
             task_id,
             execution_id,
         } => {
-            let ended = shared.registry.finish(&execution_id);
-            shared.send_cancel(
-                ended.map(|e| e.tx),
-                &task_id,
-                &execution_id,
-                "execution timeout",
-            );
+            shared.take_back_attempt(&task_id, &execution_id, "execution timeout");
         }
         Reaped::Cancelled {
             task_id,
             execution_id,
         } => {
-            let ended = shared.registry.finish(&execution_id);
-            shared.send_cancel(
-                ended.map(|e| e.tx),
+            shared.take_back_attempt(
                 &task_id,
                 &execution_id,
                 "cancelled by its schedule (overlap)",

@@ -57,8 +57,7 @@ pub(crate) async fn cancel_one(
     if let Some(exec) = before.execution_id.as_deref()
         && task.state == TaskState::Cancelled
     {
-        let ended = shared.registry.finish(exec);
-        shared.send_cancel(ended.map(|e| e.tx), id, exec, reason);
+        shared.take_back_attempt(id, exec, reason);
         shared.wake.notify_one();
     }
     info!(task_id = %id, state = %task.state, "task cancel requested");
@@ -223,8 +222,7 @@ pub(crate) async fn cancel_matching(
             }
             cancelled += 1;
             if let Some(exec) = before.execution_id.as_deref() {
-                let ended = shared.registry.finish(exec);
-                shared.send_cancel(ended.map(|e| e.tx), &task.id, exec, &reason);
+                shared.take_back_attempt(&task.id, exec, &reason);
             }
         }
     }
