@@ -87,6 +87,8 @@ pub const RETENTION_SUCCEEDED: &str = "TASKMESH_RETENTION_SUCCEEDED";
 pub const RETENTION_FAILED: &str = "TASKMESH_RETENTION_FAILED";
 /// How long TIMED_OUT tasks are kept (`serve`).
 pub const RETENTION_TIMED_OUT: &str = "TASKMESH_RETENTION_TIMED_OUT";
+/// Ended tasks removed per state per retention batch (`serve`).
+pub const RETENTION_BATCH: &str = "TASKMESH_RETENTION_BATCH";
 /// Fire records kept per schedule (`serve`).
 pub const FIRE_HISTORY: &str = "TASKMESH_FIRE_HISTORY";
 /// Task log lines kept per attempt (`serve`).

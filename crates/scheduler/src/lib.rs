@@ -341,11 +341,15 @@ impl Scheduler {
                 }
                 Err(err) => {
                     warn!(error = %err, "retention pass failed");
-                    retention::BUSY_PAUSE
+                    retention::FAILED_PAUSE.max(took * retention::BUSY_PAUSE_FACTOR)
                 }
             };
+            // From the pass's end, not the round's start: the round's own
+            // work before it (promotions, fires, the sweep) must not eat
+            // into the pause.
+            let after = self.clock.now_millis();
             self.next_retention
-                .store(now + pause.as_millis() as i64, Ordering::Relaxed);
+                .store(after + pause.as_millis() as i64, Ordering::Relaxed);
         }
         Ok(tasks >= self.opts.batch || schedules >= self.opts.batch)
     }

@@ -8,7 +8,9 @@
 //! `fire_history` records (`Store::trim_fires`), a page of
 //! [`SCHEDULES_PER_PASS`] schedules per pass, round robin. A pass that
 //! found a full batch comes again after [`BUSY_PAUSE`], otherwise after
-//! [`IDLE_PAUSE`], so removal never holds the store for long. Deletes carry no fencing token: a deposed leader removing rows
+//! [`IDLE_PAUSE`] (both counted from the pass's end), so removal never
+//! holds the store for long. Deletes carry no fencing token: a deposed
+//! leader removing rows
 //! past their horizon removes what the new leader would.
 
 use std::time::Duration;
@@ -16,8 +18,17 @@ use std::time::Duration;
 use taskmesh_core::{TaskState, UnixMillis};
 use taskmesh_store::Store;
 
-/// Shortest pause after a pass that left more to remove.
-pub const BUSY_PAUSE: Duration = Duration::from_millis(200);
+/// Shortest pause after a pass that left more to remove (small batches
+/// take a few milliseconds: the duty cycle below is what paces them).
+pub const BUSY_PAUSE: Duration = Duration::from_millis(20);
+/// Pause after a pass that failed (the store is likely struggling), or
+/// the duty-cycle pause if that is longer.
+pub const FAILED_PAUSE: Duration = Duration::from_secs(1);
+/// Ended tasks removed per state per pass unless configured: the SQL
+/// core's largest `IN` list, so a batch is one delete per table (500 took
+/// two, the second padded to 256), and a shorter hold of the store at a
+/// time than 500 (docs/BENCHMARKS.md, "Fourth figures").
+pub const DEFAULT_BATCH: u32 = 256;
 /// A pass that left more to remove is followed by a pause of at least this
 /// many times as long as it took, so removal holds the store (SQLite's one
 /// writer, Postgres's locks and I/O) at most 1/(1 + this) of the time: a
@@ -53,8 +64,8 @@ pub struct Retention {
 pub const SCHEDULES_PER_PASS: u32 = 100;
 
 impl Default for Retention {
-    /// Succeeded and cancelled 24 h, failed and timed out 7 days, 500 per
-    /// batch.
+    /// Succeeded and cancelled 24 h, failed and timed out 7 days,
+    /// [`DEFAULT_BATCH`] per batch.
     fn default() -> Self {
         let day = Duration::from_secs(24 * 3600);
         Self {
@@ -62,7 +73,7 @@ impl Default for Retention {
             failed: Some(day * 7),
             timed_out: Some(day * 7),
             cancelled: Some(day),
-            batch: 500,
+            batch: DEFAULT_BATCH as usize,
             fire_history: 1_000,
         }
     }
@@ -87,7 +98,7 @@ impl Retention {
             failed: None,
             timed_out: None,
             cancelled: None,
-            batch: 500,
+            batch: DEFAULT_BATCH as usize,
             fire_history: u32::MAX,
         }
     }

@@ -53,6 +53,8 @@ pub struct LatencyReport {
     pub removal_window_s: f64,
     /// SUCCEEDED tasks' horizon on the node, s (`--retention-succeeded`).
     pub retention_succeeded_s: Option<f64>,
+    /// Ended tasks removed per state per pass (`--retention-batch`).
+    pub retention_batch: u32,
     /// SQLite: every 10 s of the run, the seconds since its start, the
     /// database file's and its WAL's bytes, and the SUCCEEDED tasks kept;
     /// empty on other stores.
@@ -144,6 +146,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         removed_during_run: args.ended.saturating_sub(left?),
         removal_window_s,
         retention_succeeded_s: args.retention_succeeded.map(|d| d.as_secs_f64()),
+        retention_batch: args.retention_batch,
         sqlite_bytes: sqlite_samples,
         workers: args.workers,
         worker_concurrency: args.worker_concurrency,
@@ -445,7 +448,11 @@ pub fn print(r: &LatencyReport) {
         ),
         (
             "ended tasks past their horizon / retention".into(),
-            format!("{} / {}", r.ended, if r.retention { "on" } else { "off" }),
+            if r.retention {
+                format!("{} / on, {} per batch", r.ended, r.retention_batch)
+            } else {
+                format!("{} / off", r.ended)
+            },
         ),
         (
             "removed by retention during the run".into(),

@@ -100,6 +100,10 @@ pub struct LoadArgs {
     /// load with retention on (sampled every 10 s).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub retention_succeeded: Option<Duration>,
+    /// Ended tasks the node's retention removes per state per pass, and
+    /// fire records per schedule (as `serve --retention-batch`).
+    #[arg(long, default_value_t = taskmesh_scheduler::retention::DEFAULT_BATCH, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub retention_batch: u32,
     /// `workers`: how many workers the extra process connects, each on a
     /// connection of its own.
     #[arg(long, default_value_t = super::fleet::DEFAULT_FLEET)]
@@ -288,6 +292,7 @@ impl Rig {
         if let Some(horizon) = args.retention_succeeded {
             opts.scheduler.retention.succeeded = Some(horizon);
         }
+        opts.scheduler.retention.batch = args.retention_batch as usize;
         // Nor the per-client connection limit: every connection of a bench
         // comes from 127.0.0.1 (`--scenario workers` opens up to 10,000).
         opts.conn_limits.max_total = 16_384;
