@@ -122,14 +122,26 @@ fn printable(text: &str) -> std::borrow::Cow<'_, str> {
         .into()
 }
 
+/// `TaskLogEntry`'s descriptor, decoded once for a whole follow (`None`
+/// if the embedded descriptor set lacks it).
+fn entry_descriptor() -> Option<&'static prost_reflect::MessageDescriptor> {
+    static DESC: std::sync::OnceLock<Option<prost_reflect::MessageDescriptor>> =
+        std::sync::OnceLock::new();
+    DESC.get_or_init(|| {
+        prost_reflect::DescriptorPool::decode(taskmesh::FILE_DESCRIPTOR_SET)
+            .ok()?
+            .get_message_by_name("taskmesh.v1.TaskLogEntry")
+    })
+    .as_ref()
+}
+
 fn print_compact(line: &pb::TaskLogEntry) -> anyhow::Result<()> {
     // `print_json` pretty-prints; one entry per line reads better here.
-    let pool = prost_reflect::DescriptorPool::decode(taskmesh::FILE_DESCRIPTOR_SET)?;
-    let Some(desc) = pool.get_message_by_name("taskmesh.v1.TaskLogEntry") else {
+    let Some(desc) = entry_descriptor() else {
         return print_json(line, "taskmesh.v1.TaskLogEntry");
     };
     let dynamic = prost_reflect::DynamicMessage::decode(
-        desc,
+        desc.clone(),
         prost::Message::encode_to_vec(line).as_slice(),
     )?;
     println!("{}", serde_json::to_string(&dynamic)?);

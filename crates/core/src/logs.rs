@@ -69,6 +69,20 @@ pub struct LogBatch {
     pub dropped: u64,
 }
 
+/// Lines for an attempt that ended longer ago than this are refused as
+/// late. A worker sends its lines before its result, so only a backed-up
+/// queue delays them this long; and since no retention horizon is shorter
+/// than a minute ([`crate::retention::MIN_HORIZON_MS`]: `serve` and the
+/// API refuse less; only the bench's own node may be given less), a flush
+/// never writes lines for a task retention may be removing at that moment
+/// (the two need no lock between them, and no line outlives its task). A
+/// late batch is counted by the node (`outcome="late"`), not per attempt.
+pub const LATE_LINES_MS: i64 = 30_000;
+
+// Lines refused as late can never belong to a task retention removes: the
+// shortest horizon leaves room for the write's own delays.
+const _: () = assert!(2 * LATE_LINES_MS <= crate::retention::MIN_HORIZON_MS);
+
 /// How much of one attempt's lines the store keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogCap {

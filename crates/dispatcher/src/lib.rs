@@ -59,6 +59,10 @@ pub use stream::DispatcherService;
 pub use submitter::Submitter;
 pub use task_api::TaskApiService;
 
+/// How long a node shutting down waits for its queued task log lines to
+/// be written.
+const LOG_DRAIN_WITHIN: Duration = Duration::from_secs(5);
+
 /// How the dispatcher and its gRPC server behave.
 #[derive(Debug, Clone)]
 pub struct DispatcherOptions {
@@ -159,7 +163,7 @@ impl Dispatcher {
     ) -> Self {
         let registry = Registry::new(opts.balancer.clone());
         let ack_hold = opts.ack_hold.min(opts.ack_timeout / 2);
-        let logs = LogWriter::start(store.clone(), opts.logs);
+        let logs = LogWriter::start(store.clone(), clock.clone(), opts.logs);
         let drained = Arc::new(std::sync::Mutex::new(engine::Drained::default()));
         let (push_tx, pushes) = mpsc::unbounded_channel();
         let at_submit = submitter::AtSubmit {
@@ -401,6 +405,15 @@ impl Dispatcher {
                 }
             })
             .await;
+        // The streams are closed: what their workers sent last is written
+        // before the node goes, within a bound (a store that does not
+        // answer must not hold the shutdown).
+        if !shared.logs.drain(LOG_DRAIN_WITHIN).await {
+            warn!(
+                within_s = LOG_DRAIN_WITHIN.as_secs(),
+                "task log lines still queued at shutdown were not written"
+            );
+        }
         if let Err(err) = engine.await {
             warn!(error = %err, "dispatch engine ended abnormally");
         }

@@ -15,15 +15,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use taskmesh::v1 as pb;
-use taskmesh_core::UnixMillis;
 use taskmesh_core::logs::{LogBatch, LogCap, LogLevel, LogLine};
+use taskmesh_core::{Clock, UnixMillis};
 use taskmesh_store::Store;
 use tokio::sync::{broadcast, mpsc};
 use tracing::warn;
 
 /// Counts lines by what became of them (`outcome`: stored, truncated by
-/// the cap, unknown execution, shed by a full queue, lost to a store
-/// error).
+/// the cap, unknown execution, late for an attempt that ended over 30 s
+/// before, shed by a full queue, lost to a store error).
 pub const LOG_LINES_TOTAL: &str = "taskmesh_log_lines_total";
 
 /// Longest line stored, in bytes (the contract's limit); longer ones are
@@ -77,6 +77,8 @@ pub struct LogWriter {
     queued: Arc<(AtomicUsize, AtomicUsize)>,
     limit: (usize, usize),
     written: broadcast::Sender<Arc<str>>,
+    /// Told after every flush (what [`LogWriter::drain`] waits on).
+    flushed: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for LogWriter {
@@ -89,16 +91,19 @@ impl std::fmt::Debug for LogWriter {
 }
 
 impl LogWriter {
-    /// Starts the writer task over `store`.
-    pub fn start(store: Arc<dyn Store>, opts: LogOptions) -> Self {
+    /// Starts the writer task over `store`; `clock` (the store's) judges
+    /// which lines come too late for their attempt.
+    pub fn start(store: Arc<dyn Store>, clock: Arc<dyn Clock>, opts: LogOptions) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<LogBatch>();
         let queued = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
         let (written, _) = broadcast::channel(1_024);
+        let flushed = Arc::new(tokio::sync::Notify::new());
         let handle = LogWriter {
             tx,
             queued: queued.clone(),
             limit: (opts.queue_lines.max(1), opts.queue_bytes.max(1)),
             written: written.clone(),
+            flushed: flushed.clone(),
         };
         tokio::spawn(async move {
             let mut batches: Vec<LogBatch> = Vec::new();
@@ -115,15 +120,33 @@ impl LogWriter {
                         Err(_) => break,
                     }
                 }
-                flush(&*store, opts.cap, &batches).await;
+                flush(&*store, &*clock, opts.cap, &batches).await;
                 queued.0.fetch_sub(lines, Ordering::Relaxed);
                 queued.1.fetch_sub(bytes, Ordering::Relaxed);
                 for b in batches.drain(..) {
                     let _ = written.send(Arc::from(b.task_id.as_str()));
                 }
+                flushed.notify_waiters();
             }
         });
         handle
+    }
+
+    /// Waits until every line queued so far is written (or refused by the
+    /// store), for at most `within`; true when nothing is left queued. A
+    /// node shutting down calls it after its streams closed, so the lines
+    /// its workers sent last are not lost with the process.
+    pub async fn drain(&self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let flushed = self.flushed.notified();
+            if self.queued.0.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, flushed).await.is_err() {
+                return self.queued.0.load(Ordering::Acquire) == 0;
+            }
+        }
     }
 
     /// Queues `batch` for the next flush; false (and the lines counted as
@@ -161,18 +184,19 @@ fn text_bytes(batch: &LogBatch) -> usize {
     batch.lines.iter().map(|l| l.message.len()).sum()
 }
 
-async fn flush(store: &dyn Store, cap: LogCap, batches: &[LogBatch]) {
+async fn flush(store: &dyn Store, clock: &dyn Clock, cap: LogCap, batches: &[LogBatch]) {
     let lines: u64 = batches.iter().map(|b| b.lines.len() as u64).sum();
     let mut tries = 0;
     let mut backoff = Duration::from_millis(100);
     loop {
         tries += 1;
-        match store.append_logs(batches, cap).await {
+        match store.append_logs(batches, cap, clock.now_millis()).await {
             Ok(got) => {
                 for (outcome, n) in [
                     ("stored", got.stored),
                     ("truncated", got.truncated),
                     ("unknown", got.unknown),
+                    ("late", got.late),
                 ] {
                     if n > 0 {
                         metrics::counter!(LOG_LINES_TOTAL, "outcome" => outcome).increment(n);
@@ -326,6 +350,7 @@ mod tests {
             queued: Arc::new((AtomicUsize::new(0), AtomicUsize::new(0))),
             limit: (3, 100),
             written: broadcast::channel(1).0,
+            flushed: Arc::new(tokio::sync::Notify::new()),
         };
         let batch = |bytes: usize| LogBatch {
             task_id: "t".into(),
@@ -347,5 +372,34 @@ mod tests {
         w.queued.1.store(0, Ordering::Relaxed);
         assert!(w.offer(batch(0)), "3 lines, 0 bytes: within both");
         assert!(!w.offer(batch(0)), "a fourth line is past 3");
+    }
+
+    #[tokio::test]
+    async fn drain_waits_for_the_queued_lines_within_its_bound() {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let w = LogWriter {
+            tx,
+            queued: Arc::new((AtomicUsize::new(5), AtomicUsize::new(50))),
+            limit: (100, 1_000),
+            written: broadcast::channel(1).0,
+            flushed: Arc::new(tokio::sync::Notify::new()),
+        };
+        assert!(
+            !w.drain(Duration::from_millis(50)).await,
+            "lines nobody writes are still queued when the bound passes"
+        );
+        // A flush of part of the queue, then of the rest, as the writer
+        // task does: drain returns after the second.
+        let writer = w.clone();
+        let flusher = tokio::spawn(async move {
+            for left in [2, 0] {
+                tokio::task::yield_now().await;
+                writer.queued.0.store(left, Ordering::Release);
+                writer.flushed.notify_waiters();
+            }
+        });
+        assert!(w.drain(Duration::from_secs(30)).await, "drained");
+        assert_eq!(w.queued.0.load(Ordering::Acquire), 0);
+        flusher.await.expect("flusher");
     }
 }

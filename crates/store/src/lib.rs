@@ -133,9 +133,15 @@ pub trait Store: Send + Sync + 'static {
     /// execution id names, numbered after the lines the attempt already
     /// has, within `cap` per attempt (its first lines are kept, later ones
     /// only counted as truncated), and adds the worker's dropped count.
-    /// Lines of an execution the store does not know are counted, not
-    /// stored. Every batch in one write.
-    async fn append_logs(&self, batches: &[LogBatch], cap: LogCap) -> Result<LogsAppended>;
+    /// Lines of an execution the store does not know, and of an attempt
+    /// that ended more than [`LATE_LINES_MS`](taskmesh_core::logs::LATE_LINES_MS)
+    /// before `now`, are counted, not stored. Every batch in one write.
+    async fn append_logs(
+        &self,
+        batches: &[LogBatch],
+        cap: LogCap,
+        now: UnixMillis,
+    ) -> Result<LogsAppended>;
 
     /// Task logs: what each attempt of task `id` kept (by attempt), and up
     /// to `query.limit` of its lines after `query.after`, by attempt then

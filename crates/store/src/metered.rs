@@ -90,8 +90,13 @@ impl<S: Store> Store for Metered<S> {
         timed("get_task", self.inner.get_task(id)).await
     }
 
-    async fn append_logs(&self, batches: &[LogBatch], cap: LogCap) -> Result<crate::LogsAppended> {
-        timed("append_logs", self.inner.append_logs(batches, cap)).await
+    async fn append_logs(
+        &self,
+        batches: &[LogBatch],
+        cap: LogCap,
+        now: UnixMillis,
+    ) -> Result<crate::LogsAppended> {
+        timed("append_logs", self.inner.append_logs(batches, cap, now)).await
     }
 
     async fn task_logs(

@@ -245,4 +245,8 @@ pub struct LogsAppended {
     /// Lines of executions the store does not know (no such attempt, or
     /// its task is gone).
     pub unknown: u64,
+    /// Lines of an attempt that ended more than
+    /// [`LATE_LINES_MS`](taskmesh_core::logs::LATE_LINES_MS) before the
+    /// write.
+    pub late: u64,
 }

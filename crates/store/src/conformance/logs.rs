@@ -1,11 +1,15 @@
 //! Conformance scenario: task logs. Lines are stored under the attempt
 //! their execution id names, numbered in order across batches; the cap
 //! keeps an attempt's first lines and counts the rest; lines of an
-//! unknown execution are not stored; reads page by (attempt, seq) and by
-//! one attempt; the lines go with their task.
+//! unknown execution, or of an attempt that ended more than
+//! `LATE_LINES_MS` before, are not stored; an open attempt takes lines
+//! however long it runs; reads page by (attempt, seq) and by one attempt;
+//! the lines go with their task.
 
 use taskmesh_core::TaskState;
-use taskmesh_core::logs::{LogBatch, LogCap, LogCursor, LogLevel, LogLine, LogQuery};
+use taskmesh_core::logs::{
+    LATE_LINES_MS, LogBatch, LogCap, LogCursor, LogLevel, LogLine, LogQuery,
+};
 
 use taskmesh_core::Event;
 
@@ -64,13 +68,14 @@ pub async fn task_logs_are_kept_per_attempt_within_the_cap(fixture: &dyn StoreFi
                 batch(&t.id, "exec-nobody", lines("stray", 4), 0),
             ],
             cap,
+            T0 + 2,
         )
         .await
         .expect("append");
     assert_eq!((got.stored, got.truncated, got.unknown), (4, 0, 4));
     // Over the cap: the first line that fits is kept, the rest counted.
     let got = store
-        .append_logs(&[batch(&t.id, "exec-1", lines("late", 3), 0)], cap)
+        .append_logs(&[batch(&t.id, "exec-1", lines("over", 3), 0)], cap, T0 + 2)
         .await
         .expect("append");
     assert_eq!((got.stored, got.truncated), (1, 2));
@@ -87,10 +92,20 @@ pub async fn task_logs_are_kept_per_attempt_within_the_cap(fixture: &dyn StoreFi
     let due = t.next_at.expect("a retry time");
     let t = step(store, &t, Event::Due, due).await;
     let t = step(store, &t, dispatch("exec-2", "w-2", due + 60_000), due + 1).await;
-    store
-        .append_logs(&[batch(&t.id, "exec-2", lines("second", 2), 0)], cap)
+    let got = store
+        .append_logs(
+            &[batch(&t.id, "exec-2", lines("second", 2), 0)],
+            cap,
+            // Long after the attempt began: it is still open.
+            due + 100 * LATE_LINES_MS,
+        )
         .await
         .expect("append");
+    assert_eq!(
+        (got.stored, got.late),
+        (2, 0),
+        "an open attempt is never late"
+    );
 
     let (attempts, page) = store
         .task_logs(&t.id, &all(LogCursor::default(), 100))
@@ -122,7 +137,7 @@ pub async fn task_logs_are_kept_per_attempt_within_the_cap(fixture: &dyn StoreFi
             (1, 2, "first 1"),
             (1, 3, "first 2"),
             (1, 4, "more 0"),
-            (1, 5, "late 0"),
+            (1, 5, "over 0"),
             (2, 1, "second 0"),
             (2, 2, "second 1"),
         ]
@@ -162,9 +177,27 @@ pub async fn task_logs_are_kept_per_attempt_within_the_cap(fixture: &dyn StoreFi
         "a cursor past the attempt reads nothing of it"
     );
 
-    // The lines go with their task.
+    // Lines may trail their attempt's end by LATE_LINES_MS, no more.
     let t = step(store, &t, ack("exec-2"), due + 2).await;
     step(store, &t, succeed("exec-2", b"ok"), due + 3).await;
+    let trailing = |text| [batch(&t.id, "exec-2", lines(text, 1), 0)];
+    let got = store
+        .append_logs(&trailing("trailing"), cap, due + 3 + LATE_LINES_MS)
+        .await
+        .expect("append");
+    assert_eq!((got.stored, got.late), (1, 0), "in time after the end");
+    let got = store
+        .append_logs(&trailing("late"), cap, due + 4 + LATE_LINES_MS)
+        .await
+        .expect("append");
+    assert_eq!((got.stored, got.late), (0, 1), "too long after the end");
+    let (attempts, _) = store
+        .task_logs(&t.id, &all(LogCursor::default(), 100))
+        .await
+        .expect("read");
+    assert_eq!(attempts[1].lines, 3, "the late line was not kept");
+
+    // The lines go with their task.
     let removed = store
         .remove_ended(TaskState::Succeeded, due + 10, 0, 10)
         .await
@@ -179,7 +212,11 @@ pub async fn task_logs_are_kept_per_attempt_within_the_cap(fixture: &dyn StoreFi
         "logs went with the task"
     );
     let got = store
-        .append_logs(&[batch(&t.id, "exec-2", lines("after", 1), 0)], cap)
+        .append_logs(
+            &[batch(&t.id, "exec-2", lines("after", 1), 0)],
+            cap,
+            due + 10,
+        )
         .await
         .expect("append to a removed task");
     assert_eq!(got.unknown, 1, "lines of a removed task are not stored");
@@ -198,7 +235,7 @@ pub async fn long_task_logs_go_with_their_task(fixture: &dyn StoreFixture) {
         let t = step(store, &t, dispatch(exec, "w-1", at + 60_000), at - 2).await;
         let t = step(store, &t, ack(exec), at - 1).await;
         store
-            .append_logs(&[batch(&t.id, exec, lines("long", 2_500), 0)], cap)
+            .append_logs(&[batch(&t.id, exec, lines("long", 2_500), 0)], cap, at - 1)
             .await
             .expect("append");
         ended.push(step(store, &t, succeed(exec, b"ok"), at).await.id);

@@ -3,8 +3,9 @@
 
 use std::collections::HashMap;
 
+use taskmesh_core::UnixMillis;
 use taskmesh_core::logs::{
-    AttemptLogs, LogBatch, LogCap, LogCursor, LogEntry, LogLevel, LogLine, LogQuery,
+    AttemptLogs, LATE_LINES_MS, LogBatch, LogCap, LogCursor, LogEntry, LogLevel, LogLine, LogQuery,
 };
 
 use super::backend::Backend;
@@ -18,13 +19,15 @@ use crate::{Error, LogsAppended, Result};
 pub(super) const LOG_COLUMNS: &str = "task_id, attempt, seq, at, level, message";
 
 impl<B: Backend> SqlStore<B> {
-    /// Per batch: finds the attempt by its execution id, opens its counter
-    /// row if it has none, locks it, stores the prefix of lines the cap
-    /// still takes (numbered after those kept) and counts the rest.
+    /// Per batch: finds the attempt by its execution id (refusing it as
+    /// late if it ended more than `LATE_LINES_MS` before `now`), opens its
+    /// counter row if it has none, locks it, stores the prefix of lines the
+    /// cap still takes (numbered after those kept) and counts the rest.
     pub(super) async fn logs_append(
         &self,
         batches: &[LogBatch],
         cap: LogCap,
+        now: UnixMillis,
     ) -> Result<LogsAppended> {
         let mut out = LogsAppended::default();
         if batches.is_empty() {
@@ -46,12 +49,19 @@ impl<B: Backend> SqlStore<B> {
                 )
                 .await?
                 .first()
-                .map(|row| row.int("v"))
+                .map(|row| Ok::<_, String>((row.int("v")?, row.opt_int("ended_at")?)))
                 .transpose()
                 .map_err(|e| Error::Internal(format!("bad attempts row: {e}")))?;
-            let Some(attempt) = attempt else {
-                out.unknown += batch.lines.len() as u64;
-                continue;
+            let attempt = match attempt {
+                None => {
+                    out.unknown += batch.lines.len() as u64;
+                    continue;
+                }
+                Some((_, Some(ended))) if ended < now.saturating_sub(LATE_LINES_MS) => {
+                    out.late += batch.lines.len() as u64;
+                    continue;
+                }
+                Some((number, _)) => number,
             };
             let key = (batch.task_id.as_str(), attempt);
             let (lines, bytes) = match kept.get(&key) {

@@ -95,7 +95,8 @@ pub struct Statements {
     pub nth_oldest_fire_before: String,
     /// Fire retention: deletes a schedule's fires in `[.., ?]` before `?`.
     pub delete_fires_through: String,
-    /// Task logs: an attempt's number by its execution id.
+    /// Task logs: an attempt's number by its execution id, and when it
+    /// ended (lines too long after are refused as late).
     pub attempt_of_execution: String,
     /// Task logs: an attempt's counter row, made if missing, then locked.
     pub open_log_attempt: String,
@@ -376,7 +377,7 @@ impl Statements {
             delete_fires_through: r("DELETE FROM schedule_fires WHERE schedule_id = ? \
                  AND fire_at < ? AND fire_at <= ?"),
             attempt_of_execution: r(
-                "SELECT number AS v FROM attempts WHERE task_id = ? AND execution_id = ?",
+                "SELECT number AS v, ended_at FROM attempts WHERE task_id = ? AND execution_id = ?",
             ),
             open_log_attempt: r(&format!(
                 "INSERT INTO task_log_attempts \

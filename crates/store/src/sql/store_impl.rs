@@ -57,8 +57,13 @@ impl<B: Backend> Store for SqlStore<B> {
         self.trim_schedule_fires(schedule_id, keep, limit).await
     }
 
-    async fn append_logs(&self, batches: &[LogBatch], cap: LogCap) -> Result<crate::LogsAppended> {
-        self.logs_append(batches, cap).await
+    async fn append_logs(
+        &self,
+        batches: &[LogBatch],
+        cap: LogCap,
+        now: UnixMillis,
+    ) -> Result<crate::LogsAppended> {
+        self.logs_append(batches, cap, now).await
     }
 
     async fn task_logs(
