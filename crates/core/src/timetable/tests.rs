@@ -168,6 +168,12 @@ fn bad_expressions_and_zones_are_refused() {
         "61 * * * *",
         "* * 32 * *",
         "banana * * * *",
+        // Empty list elements (a leading one was an empty set whose search
+        // took seconds: fuzz/seeds/cron_timezone/empty-list).
+        ",  * * * *",
+        "* * * * ,",
+        "1,,2 * * * *",
+        "0 1, * * *",
     ] {
         assert!(parse_cron(bad).is_err(), "{bad:?} should be refused");
     }
