@@ -341,17 +341,27 @@ mod tests {
         assert_eq!(b.dropped, MAX_DROPPED_PER_MESSAGE);
     }
 
-    #[test]
-    fn the_queue_sheds_on_bytes_as_well_as_lines() {
-        // A writer whose queue nobody takes from: what is offered stays.
-        let (tx, _rx) = mpsc::unbounded_channel();
+    /// A writer with no writer task: `queued` lines and bytes already
+    /// counted, `limit` its bounds; keep the receiver for offers to succeed.
+    fn idle_writer(
+        queued: (usize, usize),
+        limit: (usize, usize),
+    ) -> (LogWriter, mpsc::UnboundedReceiver<LogBatch>) {
+        let (tx, rx) = mpsc::unbounded_channel();
         let w = LogWriter {
             tx,
-            queued: Arc::new((AtomicUsize::new(0), AtomicUsize::new(0))),
-            limit: (3, 100),
+            queued: Arc::new((AtomicUsize::new(queued.0), AtomicUsize::new(queued.1))),
+            limit,
             written: broadcast::channel(1).0,
             flushed: Arc::new(tokio::sync::Notify::new()),
         };
+        (w, rx)
+    }
+
+    #[test]
+    fn the_queue_sheds_on_bytes_as_well_as_lines() {
+        // A writer whose queue nobody takes from: what is offered stays.
+        let (w, _rx) = idle_writer((0, 0), (3, 100));
         let batch = |bytes: usize| LogBatch {
             task_id: "t".into(),
             execution_id: "e".into(),
@@ -376,14 +386,7 @@ mod tests {
 
     #[tokio::test]
     async fn drain_waits_for_the_queued_lines_within_its_bound() {
-        let (tx, _rx) = mpsc::unbounded_channel();
-        let w = LogWriter {
-            tx,
-            queued: Arc::new((AtomicUsize::new(5), AtomicUsize::new(50))),
-            limit: (100, 1_000),
-            written: broadcast::channel(1).0,
-            flushed: Arc::new(tokio::sync::Notify::new()),
-        };
+        let (w, _rx) = idle_writer((5, 50), (100, 1_000));
         assert!(
             !w.drain(Duration::from_millis(50)).await,
             "lines nobody writes are still queued when the bound passes"
