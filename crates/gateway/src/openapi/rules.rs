@@ -395,6 +395,18 @@ fn cel(id: &str) -> Option<Value> {
             {"properties": {"kind": {"enum": ["SCHEDULE_KIND_CRON", 1]}}, "required": ["kind"]},
             {"properties": {"interval": {"type": "string"}}, "required": ["interval"]},
         ]}),
+        // A concurrency key and its limit go together: neither (absent or
+        // zero) or both.
+        "submit.concurrency" | "template.concurrency" => json!({"anyOf": [
+            {"properties": {
+                "concurrencyKey": {"type": "string", "maxLength": 0},
+                "concurrencyLimit": {"enum": [0, "0"]},
+            }},
+            {"properties": {
+                "concurrencyKey": {"type": "string", "minLength": 1},
+                "concurrencyLimit": {"not": {"enum": [0, "0"]}},
+            }, "required": ["concurrencyKey", "concurrencyLimit"]},
+        ]}),
         _ => return None,
     })
 }
