@@ -30,6 +30,5 @@ pub use state::{
     AttemptChange, Event, ReleaseReason, TaskState, Transition, TransitionError, apply,
 };
 pub use task::{
-    AttemptOutcome, AttemptRecord, Concurrency, NewTask, RetryPolicy, StateTimes, Strategy,
-    TaskRecord,
+    AttemptOutcome, AttemptRecord, NewTask, RetryPolicy, StateTimes, Strategy, TaskRecord,
 };

@@ -219,9 +219,7 @@ pub fn outcome_of(event: &Event) -> Option<bool> {
 /// candidate it saw and still came back short found the handler empty, and
 /// nothing can be READY for it again until a change makes a task READY.
 /// So a round skips such a handler until the next READY change (of any
-/// handler: [`Drained::ready_changed`]), a change that may free room in a
-/// concurrency key (`TaskChange::frees_key`), a lagging feed, or the
-/// safety tick:
+/// handler: [`Drained::ready_changed`]), a lagging feed, or the safety tick:
 /// a slot freed by a result (once per task) no longer costs a claim
 /// transaction that finds nothing.
 ///
@@ -299,7 +297,7 @@ pub async fn run(
             _ = tick.tick() => ready_changed(),
             change = changes.recv() => {
                 match change {
-                    Ok(c) if !may_be_claimable(&c) => continue,
+                    Ok(c) if c.state != TaskState::Ready && !c.is_resync() => continue,
                     _ => ready_changed(),
                 }
             }
@@ -312,7 +310,7 @@ pub async fn run(
         // of new tasks from one commit costs one claim, not one each).
         loop {
             match changes.try_recv() {
-                Ok(c) if !may_be_claimable(&c) => {}
+                Ok(c) if c.state != TaskState::Ready && !c.is_resync() => {}
                 Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {
                     ready_changed()
                 }
@@ -323,13 +321,6 @@ pub async fn run(
             warn!(error = %err, "dispatch round failed");
         }
     }
-}
-
-/// Whether `change` may have made a task claimable: it is READY, or it
-/// may have freed room in a concurrency key whose tasks a claim held back
-/// (or it is a resync, which may stand for either).
-fn may_be_claimable(change: &taskmesh_store::TaskChange) -> bool {
-    change.state == TaskState::Ready || change.frees_key || change.is_resync()
 }
 
 pub(crate) fn lock(drained: &std::sync::Mutex<Drained>) -> std::sync::MutexGuard<'_, Drained> {

@@ -25,7 +25,6 @@ fn schedule(kind: ScheduleKind, misfire: MisfirePolicy) -> ScheduleRecord {
             timeout_ms: 60_000,
             callback_url: String::new(),
             balancer: None,
-            concurrency: None,
         },
         misfire,
         max_catch_up: 4,
