@@ -130,6 +130,13 @@ pub struct SubmitArgs {
     /// Execution timeout of one attempt, e.g. 30s.
     #[arg(long, value_parser = humantime::parse_duration)]
     timeout: Option<Duration>,
+    /// Concurrency key, e.g. customer:42: across the cluster at most
+    /// --concurrency-limit tasks of the namespace with this key run at once.
+    #[arg(long, requires = "concurrency_limit", value_name = "KEY")]
+    concurrency_key: Option<String>,
+    /// Most tasks of --concurrency-key in flight at once (1-10000).
+    #[arg(long, requires = "concurrency_key", value_name = "N")]
+    concurrency_limit: Option<u32>,
     #[command(flatten)]
     common: Common,
 }
@@ -230,6 +237,12 @@ fn print_task(t: &pb::Task) {
         t.run_count,
         t.max_attempts
     );
+    if !t.concurrency_key.is_empty() {
+        println!(
+            "key:      {} (at most {} at once)",
+            t.concurrency_key, t.concurrency_limit
+        );
+    }
     if let Some(out) = &t.output {
         println!("output:   {}", String::from_utf8_lossy(&out.data));
     }
@@ -261,6 +274,8 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         timeout: args.timeout.map(to_duration),
         delay: args.delay.map(to_duration),
         namespace: args.common.namespace.clone(),
+        concurrency_key: args.concurrency_key.unwrap_or_default(),
+        concurrency_limit: args.concurrency_limit.unwrap_or_default(),
         ..Default::default()
     };
     let resp = api

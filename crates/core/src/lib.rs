@@ -30,5 +30,6 @@ pub use state::{
     AttemptChange, Event, ReleaseReason, TaskState, Transition, TransitionError, apply,
 };
 pub use task::{
-    AttemptOutcome, AttemptRecord, NewTask, RetryPolicy, StateTimes, Strategy, TaskRecord,
+    AttemptOutcome, AttemptRecord, Concurrency, NewTask, RetryPolicy, StateTimes, Strategy,
+    TaskRecord,
 };

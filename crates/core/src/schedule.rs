@@ -111,6 +111,10 @@ pub struct TaskTemplate {
     pub callback_url: String,
     /// Balancer override.
     pub balancer: Option<Strategy>,
+    /// Concurrency key and limit of the created tasks (absent from
+    /// templates stored before keys existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<crate::task::Concurrency>,
 }
 
 /// A schedule as stored.
@@ -223,6 +227,7 @@ impl ScheduleRecord {
             traceparent: String::new(),
             balancer: t.balancer,
             schedule_id: Some(self.id.clone()),
+            concurrency: t.concurrency.clone(),
         }
     }
 }

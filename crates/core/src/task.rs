@@ -89,6 +89,49 @@ impl Strategy {
     }
 }
 
+/// The most tasks of one concurrency key a limit may allow in flight.
+pub const MAX_CONCURRENCY_LIMIT: u32 = 10_000;
+
+/// A concurrency key: across the cluster, at most `limit` tasks of the
+/// namespace carrying `key` are DISPATCHING or RUNNING at once. The store
+/// enforces it when it claims (the limit of the task being claimed is the
+/// one applied); tasks of one key never hold back tasks of another.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Concurrency {
+    /// The key, for example `customer:42` (a handler's name caps that
+    /// handler). Non-empty, at most 256 characters, no control characters.
+    pub key: String,
+    /// At most this many in flight, 1..=[`MAX_CONCURRENCY_LIMIT`].
+    pub limit: u32,
+}
+
+impl Concurrency {
+    /// The concurrency of a request's `key` and `limit`: `None` for an empty
+    /// key with limit 0, an error naming the problem for any other pair
+    /// that is not a valid key with a limit in 1..=[`MAX_CONCURRENCY_LIMIT`].
+    pub fn from_parts(key: &str, limit: u32) -> Result<Option<Self>, String> {
+        match (key.is_empty(), limit) {
+            (true, 0) => Ok(None),
+            (true, _) => Err(format!(
+                "concurrency_limit {limit} needs a concurrency_key (or give 0)"
+            )),
+            (false, 0) => Err(format!(
+                "concurrency_key needs a concurrency_limit of 1-{MAX_CONCURRENCY_LIMIT}"
+            )),
+            (false, n) if n > MAX_CONCURRENCY_LIMIT => Err(format!(
+                "concurrency_limit {n} is above the limit of {MAX_CONCURRENCY_LIMIT}"
+            )),
+            (false, _) => {
+                crate::validate::short_text("concurrency_key", key)?;
+                Ok(Some(Self {
+                    key: key.to_string(),
+                    limit,
+                }))
+            }
+        }
+    }
+}
+
 /// A validated request to create a task.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NewTask {
@@ -125,6 +168,8 @@ pub struct NewTask {
     pub balancer: Option<Strategy>,
     /// The schedule that fired this task, if any.
     pub schedule_id: Option<String>,
+    /// Its concurrency key and limit, if any.
+    pub concurrency: Option<Concurrency>,
 }
 
 impl NewTask {
@@ -151,6 +196,7 @@ impl NewTask {
             traceparent: String::new(),
             balancer: None,
             schedule_id: None,
+            concurrency: None,
         }
     }
 
@@ -172,6 +218,10 @@ impl NewTask {
             retry: &'a RetryPolicy,
             timeout_ms: i64,
             run_at: Option<UnixMillis>,
+            // Left out when unset: fingerprints stored before keys existed
+            // still match their requests.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            concurrency: Option<&'a Concurrency>,
         }
         let body = serde_json::to_vec(&Fingerprint {
             handler: &self.handler,
@@ -185,6 +235,7 @@ impl NewTask {
             retry: &self.retry,
             timeout_ms: self.timeout_ms,
             run_at: requested_run_at,
+            concurrency: self.concurrency.as_ref(),
         })
         .unwrap_or_default();
         let digest = Sha256::digest(&body);
@@ -235,6 +286,7 @@ impl NewTask {
             traceparent: self.traceparent,
             balancer: self.balancer,
             schedule_id: self.schedule_id,
+            concurrency: self.concurrency,
             attempts: Vec::new(),
             callback: None,
         }
@@ -322,6 +374,8 @@ pub struct TaskRecord {
     pub balancer: Option<Strategy>,
     /// The schedule that fired this task, if any.
     pub schedule_id: Option<String>,
+    /// Its concurrency key and limit, if any.
+    pub concurrency: Option<Concurrency>,
     /// Attempts, oldest first (may be left empty by list queries).
     pub attempts: Vec<AttemptRecord>,
     /// The callback outbox entry, once the task ended with a callback URL.

@@ -179,6 +179,12 @@ pub fn task_to_pb(t: &TaskRecord) -> pb::Task {
         schedule_id: t.schedule_id.clone().unwrap_or_default(),
         traceparent: t.traceparent.clone(),
         callback: t.callback.as_ref().map(callback_to_pb),
+        concurrency_key: t
+            .concurrency
+            .as_ref()
+            .map(|c| c.key.clone())
+            .unwrap_or_default(),
+        concurrency_limit: t.concurrency.as_ref().map_or(0, |c| c.limit),
     }
 }
 

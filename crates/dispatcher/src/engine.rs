@@ -219,7 +219,9 @@ pub fn outcome_of(event: &Event) -> Option<bool> {
 /// candidate it saw and still came back short found the handler empty, and
 /// nothing can be READY for it again until a change makes a task READY.
 /// So a round skips such a handler until the next READY change (of any
-/// handler: [`Drained::ready_changed`]), a lagging feed, or the safety tick:
+/// handler: [`Drained::ready_changed`]), a change that may free room in a
+/// concurrency key (`TaskChange::frees_key`), a lagging feed, or the
+/// safety tick:
 /// a slot freed by a result (once per task) no longer costs a claim
 /// transaction that finds nothing.
 ///
@@ -297,7 +299,7 @@ pub async fn run(
             _ = tick.tick() => ready_changed(),
             change = changes.recv() => {
                 match change {
-                    Ok(c) if c.state != TaskState::Ready && !c.is_resync() => continue,
+                    Ok(c) if !may_be_claimable(&c) => continue,
                     _ => ready_changed(),
                 }
             }
@@ -310,7 +312,7 @@ pub async fn run(
         // of new tasks from one commit costs one claim, not one each).
         loop {
             match changes.try_recv() {
-                Ok(c) if c.state != TaskState::Ready && !c.is_resync() => {}
+                Ok(c) if !may_be_claimable(&c) => {}
                 Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {
                     ready_changed()
                 }
@@ -321,6 +323,13 @@ pub async fn run(
             warn!(error = %err, "dispatch round failed");
         }
     }
+}
+
+/// Whether `change` may have made a task claimable: it is READY, or it
+/// may have freed room in a concurrency key whose tasks a claim held back
+/// (or it is a resync, which may stand for either).
+fn may_be_claimable(change: &taskmesh_store::TaskChange) -> bool {
+    change.state == TaskState::Ready || change.frees_key || change.is_resync()
 }
 
 pub(crate) fn lock(drained: &std::sync::Mutex<Drained>) -> std::sync::MutexGuard<'_, Drained> {

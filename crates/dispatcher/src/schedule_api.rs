@@ -8,7 +8,7 @@ use taskmesh_core::schedule::{
     FireOutcome, FireRecord, MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleRecord,
     TaskTemplate,
 };
-use taskmesh_core::{id, task, validate};
+use taskmesh_core::{Concurrency, id, task, validate};
 use taskmesh_store::FireCommit;
 
 use crate::convert::{duration, duration_millis, strategy_from_pb, strategy_to_pb, timestamp};
@@ -210,6 +210,8 @@ fn template(shared: &Shared, t: Option<pb::TaskTemplate>) -> Result<TaskTemplate
         timeout_ms,
         callback_url: t.callback_url,
         balancer: strategy_from_pb(balancer),
+        concurrency: Concurrency::from_parts(&t.concurrency_key, t.concurrency_limit)
+            .map_err(|e| invalid(format!("schedule.template.{e}")))?,
     })
 }
 
@@ -250,6 +252,12 @@ pub(crate) fn to_pb(s: &ScheduleRecord) -> pb::Schedule {
             timeout: Some(duration(t.timeout_ms)),
             callback_url: t.callback_url.clone(),
             balancer: strategy_to_pb(t.balancer) as i32,
+            concurrency_key: t
+                .concurrency
+                .as_ref()
+                .map(|c| c.key.clone())
+                .unwrap_or_default(),
+            concurrency_limit: t.concurrency.as_ref().map_or(0, |c| c.limit),
         }),
         misfire_policy: match s.misfire {
             MisfirePolicy::FireOnceNow => pb::MisfirePolicy::FireOnceNow,
@@ -316,6 +324,7 @@ pub(crate) fn draft(
             timeout_ms: task::DEFAULT_TIMEOUT_MS,
             callback_url: String::new(),
             balancer: None,
+            concurrency: None,
         },
         misfire: MisfirePolicy::FireOnceNow,
         max_catch_up: 0,

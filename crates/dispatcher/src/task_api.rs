@@ -7,7 +7,8 @@ use std::pin::Pin;
 use futures::Stream;
 use taskmesh::v1 as pb;
 use taskmesh_core::{
-    Event, NewTask, RetryPolicy, Strategy, TaskRecord, TaskState, UnixMillis, id, task, validate,
+    Concurrency, Event, NewTask, RetryPolicy, Strategy, TaskRecord, TaskState, UnixMillis, id,
+    task, validate,
 };
 use taskmesh_scheduler::meters;
 use taskmesh_store::TaskFilter;
@@ -120,6 +121,8 @@ fn new_task(
     validate::short_text("routing_key", &req.routing_key).map_err(invalid)?;
     validate::short_text("client_request_id", &req.client_request_id).map_err(invalid)?;
     callback_url(&req.callback_url, &shared.opts.egress)?;
+    let concurrency =
+        Concurrency::from_parts(&req.concurrency_key, req.concurrency_limit).map_err(invalid)?;
 
     let retry = retry_policy(req.retry_policy)?;
     let timeout_ms = match &req.timeout {
@@ -162,6 +165,7 @@ fn new_task(
             traceparent,
             balancer: strategy_from_pb(req.balancer)?,
             schedule_id: None,
+            concurrency,
         },
         fingerprint_run_at,
     ))

@@ -94,6 +94,7 @@ fn every_second(clock: &SystemClock) -> ScheduleRecord {
             timeout_ms: 60_000,
             callback_url: String::new(),
             balancer: None,
+            concurrency: None,
         },
         misfire: MisfirePolicy::Skip,
         max_catch_up: 0,

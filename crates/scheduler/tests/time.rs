@@ -123,6 +123,7 @@ impl Fixture {
                 timeout_ms: 60 * SEC,
                 callback_url: String::new(),
                 balancer: None,
+                concurrency: None,
             },
             misfire,
             max_catch_up: 3,

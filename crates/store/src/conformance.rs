@@ -92,6 +92,8 @@ macro_rules! store_conformance_suite {
             list_by_label_time_and_key,
             stats_count_states_queues_and_minutes,
             rerun_opens_an_ended_task_once_more,
+            concurrency_keys_cap_claims,
+            a_full_key_does_not_block_the_tasks_behind_it,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -117,6 +119,7 @@ macro_rules! cluster_conformance_suite {
             two_replicas_never_claim_one_callback_twice,
             changes_reach_the_other_replica_once,
             store_clock_follows_the_database_clock,
+            two_replicas_never_exceed_a_concurrency_limit,
         );
     };
 }
@@ -232,6 +235,7 @@ mod callbacks;
 mod claims;
 mod clock;
 pub mod cluster;
+mod concurrency;
 mod create_list;
 mod fence;
 mod lifecycle;
@@ -260,6 +264,10 @@ pub use cluster::{
     changes_reach_the_other_replica_once, racing_batches_on_the_same_tasks_write_each_once,
     store_clock_follows_the_database_clock, two_replicas_claiming_at_once_never_double_claim,
     two_replicas_never_claim_one_callback_twice,
+};
+pub use concurrency::{
+    a_full_key_does_not_block_the_tasks_behind_it, concurrency_keys_cap_claims,
+    two_replicas_never_exceed_a_concurrency_limit,
 };
 pub use create_list::{concurrent_idempotent_creates, idempotent_create, list_filters_and_paging};
 pub use fence::fenced_writes_from_an_old_leader_are_refused;

@@ -14,8 +14,8 @@ use taskmesh_core::schedule::{
     TaskTemplate,
 };
 use taskmesh_core::{
-    AttemptOutcome, AttemptRecord, CallbackDelivery, CallbackState, RetryPolicy, StateTimes,
-    Strategy, TaskRecord, TaskState,
+    AttemptOutcome, AttemptRecord, CallbackDelivery, CallbackState, Concurrency, RetryPolicy,
+    StateTimes, Strategy, TaskRecord, TaskState,
 };
 
 use crate::{Error, Result};
@@ -157,9 +157,27 @@ fn decode_task(row: &impl Columns, id: &str) -> Result<TaskRecord, String> {
             Some(b) => Some(Strategy::parse(&b).ok_or_else(|| format!("unknown balancer {b:?}"))?),
         },
         schedule_id: row.opt_text("schedule_id")?,
+        concurrency: concurrency(row)?,
         attempts: Vec::new(),
         callback: None,
     })
+}
+
+/// The `concurrency_key` and `concurrency_limit` columns: no key is none
+/// (its limit is 0); a key's limit must be one a request may give.
+fn concurrency(row: &impl Columns) -> Result<Option<Concurrency>, String> {
+    let Some(key) = row.opt_text("concurrency_key")? else {
+        return Ok(None);
+    };
+    let limit = row.int("concurrency_limit")?;
+    match u32::try_from(limit) {
+        Ok(limit) if (1..=taskmesh_core::task::MAX_CONCURRENCY_LIMIT).contains(&limit) => {
+            Ok(Some(Concurrency { key, limit }))
+        }
+        _ => Err(format!(
+            "concurrency_limit = {limit} is out of range for key {key:?}"
+        )),
+    }
 }
 
 /// Reads an attempt of task `task_id` from a row of the `attempts` table.

@@ -116,6 +116,10 @@ pub struct TaskChange {
     /// The change queued a callback (the task ended with a callback URL):
     /// what wakes the callback deliverer.
     pub callback: bool,
+    /// The task has a concurrency key and is not in flight: its key may
+    /// have room again, so a dispatcher that held tasks of the key back
+    /// claims again.
+    pub frees_key: bool,
 }
 
 impl TaskChange {
@@ -127,6 +131,8 @@ impl TaskChange {
             version: task.version,
             next_at: task.next_at,
             callback: task.wants_callback(),
+            frees_key: task.concurrency.is_some()
+                && !matches!(task.state, TaskState::Dispatching | TaskState::Running),
         }
     }
 
@@ -139,6 +145,7 @@ impl TaskChange {
             version: 0,
             next_at: None,
             callback: false,
+            frees_key: false,
         }
     }
 

@@ -25,6 +25,7 @@ fn schedule(kind: ScheduleKind, misfire: MisfirePolicy) -> ScheduleRecord {
             timeout_ms: 60_000,
             callback_url: String::new(),
             balancer: None,
+            concurrency: None,
         },
         misfire,
         max_catch_up: 4,

@@ -395,6 +395,18 @@ fn cel(id: &str) -> Option<Value> {
             {"properties": {"kind": {"enum": ["SCHEDULE_KIND_CRON", 1]}}, "required": ["kind"]},
             {"properties": {"interval": {"type": "string"}}, "required": ["interval"]},
         ]}),
+        // A concurrency key and its limit go together: neither (absent,
+        // null or zero, which proto3 JSON reads alike) or both.
+        "submit.concurrency" | "template.concurrency" => json!({"anyOf": [
+            {"properties": {
+                "concurrencyKey": {"enum": ["", null]},
+                "concurrencyLimit": {"enum": [0, "0", null]},
+            }},
+            {"properties": {
+                "concurrencyKey": {"not": {"enum": ["", null]}},
+                "concurrencyLimit": {"not": {"enum": [0, "0", null]}},
+            }, "required": ["concurrencyKey", "concurrencyLimit"]},
+        ]}),
         _ => return None,
     })
 }

@@ -37,6 +37,10 @@ pub async fn create_get_round_trip(fixture: &dyn StoreFixture) {
         traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
         balancer: Some(taskmesh_core::Strategy::ConsistentHash),
         schedule_id: Some("sched-1".into()),
+        concurrency: Some(taskmesh_core::Concurrency {
+            key: "customer:42".into(),
+            limit: 7,
+        }),
         ..new_task("round-trip")
     };
     let expected = task.clone().into_record(T0);

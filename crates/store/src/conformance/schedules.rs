@@ -30,6 +30,10 @@ pub(super) fn schedule(id: &str, next: Option<i64>) -> ScheduleRecord {
             timeout_ms: 30_000,
             callback_url: String::new(),
             balancer: None,
+            concurrency: Some(taskmesh_core::Concurrency {
+                key: "nightly".into(),
+                limit: 1,
+            }),
         },
         misfire: MisfirePolicy::CatchUp,
         max_catch_up: 3,

@@ -297,6 +297,7 @@ fn same_definition(before: &TaskRecord, after: &TaskRecord) -> bool {
         && before.traceparent == after.traceparent
         && before.balancer == after.balancer
         && before.schedule_id == after.schedule_id
+        && before.concurrency == after.concurrency
 }
 
 impl BulkForm {

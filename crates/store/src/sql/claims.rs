@@ -16,14 +16,116 @@
 //! (a keyset on priority and id) with twice as many, up to
 //! [`claim_scan`](crate::claim_scan)`(limit)` candidates in all, so a task
 //! no stream can take does not block the ones behind it.
+//!
+//! Concurrency keys: the first candidate of a key met in a claim locks the
+//! key's `concurrency_keys` row (`SKIP LOCKED`: a key another claim holds
+//! has no room in this one, and no claim ever waits for another) and counts
+//! the key's DISPATCHING and RUNNING tasks; a candidate is offered only
+//! while that count, with the claim's own picks, is below its limit. The
+//! lock is held to the commit, so two claims never count one key at once;
+//! a task of a key leaves DISPATCHING or RUNNING only by a transition,
+//! which the count sees once committed. A candidate held back by its key
+//! uses a budget of its own (as many again as the scan), and the reads
+//! after it leave out the keys found full (up to [`LADDER`]`[0]` of them),
+//! so a long queue of one key does not hide the tasks of others behind it.
+//! A key held by another claim counts as full in this one.
 
-use taskmesh_core::{Event, TaskRecord, UnixMillis};
+use std::collections::HashMap;
+
+use taskmesh_core::{Concurrency, Event, TaskRecord, UnixMillis};
 
 use super::backend::Backend;
 use super::batch::Batch;
+use super::dialect::{LADDER, in_lists};
 use super::tasks::sql_limit;
-use super::{SqlStore, args};
+use super::{SqlStore, Val, args};
 use crate::{Chooser, Error, Result, decode};
+
+/// What a claim knows of the concurrency keys it met: how many of each
+/// key's tasks are in flight (its own picks included), `None` for a key
+/// another claim holds.
+#[derive(Default)]
+struct Keys {
+    in_flight: HashMap<String, Option<u32>>,
+    /// Keys found full, in the order found: the next reads leave them out.
+    full: Vec<String>,
+}
+
+impl Keys {
+    /// Whether a task of `c` may be offered now, reading the key's count
+    /// (and taking its lock) the first time the claim meets it.
+    async fn has_room<B: Backend>(
+        &mut self,
+        b: &B,
+        tx: &mut B::Tx,
+        namespace: &str,
+        c: &Concurrency,
+    ) -> Result<bool> {
+        let n = match self.in_flight.get(&c.key) {
+            Some(n) => *n,
+            None => {
+                let n = in_flight_of(b, tx, namespace, &c.key).await?;
+                self.in_flight.insert(c.key.clone(), n);
+                n
+            }
+        };
+        let room = n.is_some_and(|n| n < c.limit);
+        if !room && self.full.len() < LADDER[0] && !self.full.contains(&c.key) {
+            self.full.push(c.key.clone());
+        }
+        Ok(room)
+    }
+
+    /// A task of `c` was claimed.
+    fn took(&mut self, c: &Concurrency) {
+        if let Some(Some(n)) = self.in_flight.get_mut(&c.key) {
+            *n += 1;
+        }
+    }
+}
+
+/// Locks `key`'s row and counts its tasks in flight; `None` when another
+/// transaction holds the row (a claim, or a create of the key's tasks on
+/// MySQL). A row that is truly missing is made first; one that exists is
+/// never written here (on MySQL the insert that ignores a duplicate locks
+/// it, and would wait for the claim holding it).
+async fn in_flight_of<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    namespace: &str,
+    key: &str,
+) -> Result<Option<u32>> {
+    let sql = b.sql();
+    let locked = b
+        .fetch(tx, &sql.lock_concurrency_key, args![namespace, key])
+        .await?;
+    if locked.is_empty() {
+        let exists = !b
+            .fetch(tx, &sql.concurrency_key_exists, args![namespace, key])
+            .await?
+            .is_empty();
+        if exists {
+            return Ok(None);
+        }
+        let insert = sql.insert_concurrency_keys.get(1);
+        b.exec(tx, insert, args![namespace, key]).await?;
+        let locked = b
+            .fetch(tx, &sql.lock_concurrency_key, args![namespace, key])
+            .await?;
+        if locked.is_empty() {
+            return Ok(None);
+        }
+    }
+    let rows = b
+        .fetch(tx, &sql.in_flight_of_key, args![namespace, key])
+        .await?;
+    let n = match rows.first() {
+        Some(row) => decode::Columns::int(row, "n")
+            .map_err(|e| Error::Internal(format!("bad count of key {key:?}: {e}")))?,
+        None => 0,
+    };
+    Ok(Some(u32::try_from(n).unwrap_or(u32::MAX)))
+}
 
 impl<B: Backend> SqlStore<B> {
     /// `Store::claim_ready`; see the module comment.
@@ -47,6 +149,9 @@ impl<B: Backend> SqlStore<B> {
         let mut batch = Batch::default();
         let mut claimed = 0usize;
         let mut want = limit;
+        let mut keys = Keys::default();
+        // Candidates held back by their key: as many again as the scan.
+        let mut held = 0usize;
         'scan: while claimed < limit && seen < scan {
             let take = want.min(scan - seen);
             let rows = match &cursor {
@@ -58,7 +163,7 @@ impl<B: Backend> SqlStore<B> {
                     )
                     .await?
                 }
-                Some((priority, id)) => {
+                Some((priority, id)) if keys.full.is_empty() => {
                     let values = args![
                         namespace,
                         handler,
@@ -69,21 +174,46 @@ impl<B: Backend> SqlStore<B> {
                     ];
                     b.fetch(&mut tx, &sql.claim_after, values).await?
                 }
+                Some((priority, id)) => {
+                    // One list: `full` holds at most the ladder's largest size.
+                    let except = in_lists(&keys.full).swap_remove(0);
+                    let n = except.len();
+                    let mut values = args![namespace, handler, *priority, *priority, id];
+                    values.extend(except.into_iter().map(Val::from));
+                    values.push(sql_limit(take).into());
+                    b.fetch(&mut tx, sql.claim_after_except.get(n), values)
+                        .await?
+                }
             };
             let exhausted = rows.len() < take;
             for row in &rows {
                 let task = decode::task(row)?;
-                seen += 1;
                 cursor = Some((task.priority, task.id.clone()));
                 if claimed == limit {
                     break 'scan;
                 }
+                // Held back by its key: counted against its own budget.
+                if let Some(c) = &task.concurrency
+                    && !keys.has_room(b, &mut tx, namespace, c).await?
+                {
+                    held += 1;
+                    if held == scan {
+                        break 'scan;
+                    }
+                    continue;
+                }
+                seen += 1;
                 let Some(claim) = chooser(&task) else {
                     continue;
                 };
                 let event = Event::from(claim);
                 match batch.apply(&task, &event, now) {
-                    Ok(_) => claimed += 1,
+                    Ok(_) => {
+                        claimed += 1;
+                        if let Some(c) = &task.concurrency {
+                            keys.took(c);
+                        }
+                    }
                     Err(err) => {
                         tracing::warn!(task_id = %task.id, error = %err, "READY task refused dispatch");
                     }

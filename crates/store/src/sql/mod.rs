@@ -133,6 +133,12 @@ pub(crate) mod testing {
             ("callbacks_due", &sql.next_callback, ""),
             ("tasks_ready_claim", &sql.claim_first, "nti"),
             ("tasks_ready_claim", &sql.claim_after, "ntiiti"),
+            (
+                "tasks_ready_claim",
+                sql.claim_after_except.get(1),
+                "ntiitti",
+            ),
+            ("tasks_concurrency", &sql.in_flight_of_key, "nt"),
             ("tasks_next_at", &sql.due, "ii"),
             ("tasks_next_at", &sql.next_due, ""),
             ("tasks_ready_claim", &sql.ready_counts, ""),

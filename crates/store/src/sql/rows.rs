@@ -15,7 +15,8 @@ pub const TASK_READ: &str = "id, namespace, handler, payload, content_type, stat
     initial_backoff_ms, backoff_multiplier, max_backoff_ms, timeout_ms, run_at, created_at, \
     updated_at, pending_at, ready_at, dispatching_at, running_at, retrying_at, ended_at, \
     attempt, run_count, execution_id, worker_id, next_at, output, output_content_type, \
-    error_message, version, traceparent, balancer, schedule_id";
+    error_message, version, traceparent, balancer, schedule_id, concurrency_key, \
+    concurrency_limit";
 
 /// [`TASK_READ`] without the bodies (empty `payload`, `output` only where
 /// one exists) and with their sizes (`payload_len`, `output_len`): what a
@@ -27,7 +28,8 @@ pub const TASK_READ_SUMMARY: &str = "id, namespace, handler, SUBSTR(payload, 1, 
     updated_at, pending_at, ready_at, dispatching_at, running_at, retrying_at, ended_at, \
     attempt, run_count, execution_id, worker_id, next_at, SUBSTR(output, 1, 0) AS output, \
     COALESCE(LENGTH(output), 0) AS output_len, output_content_type, \
-    error_message, version, traceparent, balancer, schedule_id";
+    error_message, version, traceparent, balancer, schedule_id, concurrency_key, \
+    concurrency_limit";
 
 /// The `tasks` columns an insert writes before [`TASK_BODY`]; they never
 /// change afterwards.
@@ -39,7 +41,7 @@ pub const TASK_KEYS: [&str; 4] = [
 ];
 
 /// Every other `tasks` column, in [`body_args`] order; `true` for JSON.
-pub const TASK_BODY: [(&str, bool); 34] = [
+pub const TASK_BODY: [(&str, bool); 36] = [
     ("handler", false),
     ("payload", false),
     ("content_type", false),
@@ -74,6 +76,8 @@ pub const TASK_BODY: [(&str, bool); 34] = [
     ("traceparent", false),
     ("balancer", false),
     ("schedule_id", false),
+    ("concurrency_key", false),
+    ("concurrency_limit", false),
 ];
 
 /// The columns a transition may change (`core::apply` leaves the others
@@ -205,6 +209,8 @@ pub fn body_args(task: &TaskRecord, out: &mut Args) -> Result<()> {
         &task.traceparent,
         task.balancer.map(|b| b.as_str()),
         task.schedule_id.clone(),
+        task.concurrency.as_ref().map(|c| c.key.clone()),
+        task.concurrency.as_ref().map_or(0, |c| c.limit),
     ]);
     Ok(())
 }

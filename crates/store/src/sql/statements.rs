@@ -43,6 +43,7 @@ pub struct Statements {
     pub fence_token: String,
     pub claim_first: String,
     pub claim_after: String,
+    pub claim_after_except: Ladder,
     pub claim_callbacks: String,
     pub finish_callback: String,
     pub callback_exists: String,
@@ -62,6 +63,10 @@ pub struct Statements {
     pub token_exists: String,
     pub get_cluster_key: String,
     pub insert_cluster_key: String,
+    pub insert_concurrency_keys: Ladder,
+    pub lock_concurrency_key: String,
+    pub concurrency_key_exists: String,
+    pub in_flight_of_key: String,
     pub schedule_exists: String,
     pub delete_fires: String,
     pub delete_schedule: String,
@@ -319,6 +324,12 @@ impl Statements {
                 "INSERT INTO cluster_keys (name, value) VALUES ('assignments', ?){}",
                 d.ignoring_duplicates(&["name"])
             )),
+            lock_concurrency_key: r("SELECT 1 AS one FROM concurrency_keys \
+                 WHERE namespace = ? AND concurrency_key = ?{skip_locked}"),
+            concurrency_key_exists: r("SELECT 1 AS one FROM concurrency_keys \
+                 WHERE namespace = ? AND concurrency_key = ?"),
+            in_flight_of_key: r("SELECT COUNT(*) AS n FROM tasks WHERE namespace = ? \
+                 AND concurrency_key = ? AND state IN ('DISPATCHING', 'RUNNING')"),
             schedule_exists: r("SELECT 1 AS one FROM schedules WHERE id = ?"),
             delete_fires: r("DELETE FROM schedule_fires WHERE schedule_id = ?"),
             delete_schedule: r("DELETE FROM schedules WHERE id = ?"),
@@ -471,6 +482,22 @@ impl Statements {
             lease_callbacks: Ladder::new(d, |d, n| {
                 d.render(&format!(
                     "UPDATE callbacks SET next_attempt_at = ? WHERE delivery_id IN ({})",
+                    marks(n)
+                ))
+            }),
+            insert_concurrency_keys: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "INSERT INTO concurrency_keys (namespace, concurrency_key) VALUES {}{}",
+                    value_rows(n, 2),
+                    d.ignoring_duplicates(&["namespace", "concurrency_key"])
+                ))
+            }),
+            claim_after_except: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "SELECT {TASK_READ} FROM tasks WHERE state = 'READY' AND namespace = ? \
+                     AND handler = ? AND priority <= ? AND (priority < ? OR id > ?) \
+                     AND (concurrency_key IS NULL OR concurrency_key NOT IN ({})) \
+                     ORDER BY priority DESC, id LIMIT ?{{skip_locked}}",
                     marks(n)
                 ))
             }),

@@ -111,18 +111,49 @@ pub(super) async fn holders<B: Backend>(
     Ok(out)
 }
 
-/// Inserts task rows in multi-row statements. An error (a taken id or key)
-/// leaves the transaction to be rolled back.
+/// Inserts task rows in multi-row statements, after the rows of their
+/// concurrency keys that do not exist yet (in key order, so two writers
+/// never wait for each other's keys in opposite orders). An error (a taken
+/// id or key) leaves the transaction to be rolled back.
 pub(super) async fn insert_rows<B: Backend>(
     b: &B,
     tx: &mut B::Tx,
     rows: &[(&TaskRecord, &str)],
 ) -> Result<sqlx::Result<()>> {
+    let mut keys: Vec<(&str, &str)> = rows
+        .iter()
+        .filter_map(|(t, _)| Some((t.namespace.as_str(), t.concurrency.as_ref()?.key.as_str())))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    // Only the missing ones: on MySQL an insert that ignores a duplicate
+    // locks the row it found, and would wait for a claim holding it.
+    let mut missing = Vec::with_capacity(keys.len());
+    for (namespace, key) in keys {
+        let found = b
+            .fetch(tx, &b.sql().concurrency_key_exists, args![namespace, key])
+            .await;
+        match found {
+            Ok(rows) if rows.is_empty() => missing.push((namespace, key)),
+            Ok(_) => {}
+            Err(err) => return Ok(Err(err)),
+        }
+    }
+    let keys = missing;
+    insert_many(
+        b,
+        tx,
+        &keys,
+        2,
+        |(namespace, key), out| out.extend(args![*namespace, *key]),
+        |n| b.sql().insert_concurrency_keys.get(n),
+    )
+    .await?;
     let mut rest = rows;
     for n in chunks(rows.len()) {
         let (chunk, tail) = rest.split_at(n);
         rest = tail;
-        let mut values = Vec::with_capacity(n * 37);
+        let mut values = Vec::with_capacity(n * 40);
         for (task, fingerprint) in chunk {
             insert_args(task, fingerprint, &mut values)?;
         }
@@ -325,7 +356,12 @@ impl<B: Backend> SqlStore<B> {
         let mut dispatched: Vec<Option<TaskRecord>> = vec![None; entries.len()];
         if let Some(chooser) = chooser {
             for (((task, _), plan), slot) in entries.iter().zip(&plans).zip(&mut dispatched) {
-                if !matches!(plan, Plan::Insert) || task.state != TaskState::Ready {
+                // A task with a concurrency key waits for a claim, which
+                // counts its key's tasks in flight.
+                if !matches!(plan, Plan::Insert)
+                    || task.state != TaskState::Ready
+                    || task.concurrency.is_some()
+                {
                     continue;
                 }
                 let Some(claim) = chooser(task) else { continue };

@@ -64,7 +64,7 @@ pub(super) async fn write_transition<B: Backend>(
 ) -> Result<bool> {
     let sql = b.sql();
     let task = &transition.task;
-    let mut values = Vec::with_capacity(36);
+    let mut values = Vec::with_capacity(38);
     body_args(task, &mut values)?;
     values.extend(args![&task.id, expected_version]);
     if b.exec(tx, &sql.update_task, values).await? == 0 {

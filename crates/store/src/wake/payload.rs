@@ -7,7 +7,9 @@
 //! change, `t<TAB>task_id<TAB>state<TAB>version<TAB>next_at<TAB>c` (`c` is
 //! `1` when the change queued a callback, else `0`; a line without the
 //! field, from a replica of an older release, counts a terminal state as
-//! one) or
+//! one), then `<TAB>1` when the change may have freed room in a
+//! concurrency key (absent otherwise, so a line of an unkeyed task reads
+//! the same as before keys existed), or
 //! `s<TAB>schedule_id<TAB>next_fire_at` (empty for none), ids escaped so
 //! they cannot break the format. A store skips payloads of its own origin:
 //! it published those itself right after the commit. A line that cannot be
@@ -42,11 +44,12 @@ impl<'a> Payloads<'a> {
     pub(crate) fn task(&mut self, c: &TaskChange) {
         let next = c.next_at.map(|n| n.to_string()).unwrap_or_default();
         let line = format!(
-            "t\t{}\t{}\t{}\t{next}\t{}",
+            "t\t{}\t{}\t{}\t{next}\t{}{}",
             escape(&c.task_id),
             c.state.as_str(),
             c.version,
-            u8::from(c.callback)
+            u8::from(c.callback),
+            if c.frees_key { "\t1" } else { "" }
         );
         self.line(line);
     }
@@ -148,12 +151,14 @@ fn decode_line(line: &str) -> Option<Line> {
         }
     };
     match fields.as_slice() {
-        ["t", id, state, version, next, rest @ ..] if rest.len() <= 1 => {
+        ["t", id, state, version, next, rest @ ..] if rest.len() <= 2 => {
             let state = TaskState::parse(state)?;
-            let callback = match rest {
-                [] => state.is_terminal(),
-                ["1"] => true,
-                ["0"] => false,
+            let (callback, frees_key) = match rest {
+                [] => (state.is_terminal(), false),
+                ["1"] => (true, false),
+                ["0"] => (false, false),
+                ["1", "1"] => (true, true),
+                ["0", "1"] => (false, true),
                 _ => return None,
             };
             Some(Line::Task(TaskChange {
@@ -162,6 +167,7 @@ fn decode_line(line: &str) -> Option<Line> {
                 version: version.parse().ok()?,
                 next_at: millis(next)?,
                 callback,
+                frees_key,
             }))
         }
         ["s", id, next] => Some(Line::Schedule(ScheduleChange {
@@ -213,6 +219,7 @@ mod tests {
             version: 7,
             next_at,
             callback: false,
+            frees_key: false,
         }
     }
 
@@ -260,7 +267,8 @@ mod tests {
             "o\nq",
             "o\ns\tbad%zz\t",
             "o\nt\tid\tSUCCEEDED\t1\t\tx",
-            "o\nt\tid\tSUCCEEDED\t1\t\t1\t1",
+            "o\nt\tid\tSUCCEEDED\t1\t\t1\t2",
+            "o\nt\tid\tSUCCEEDED\t1\t\t1\t1\t1",
         ] {
             let d = decode(garbled, "other").expect("decoded");
             assert!(
@@ -288,5 +296,24 @@ mod tests {
             "a terminal change may have queued one"
         );
         assert!(!old.tasks[1].callback);
+    }
+
+    #[test]
+    fn a_change_that_may_free_a_concurrency_key_says_so_and_others_read_as_before() {
+        let mut freed = change("freed", None);
+        freed.state = TaskState::Succeeded;
+        freed.frees_key = true;
+        let mut both = freed.clone();
+        both.callback = true;
+        let plain = change("plain", None);
+        let out = payloads("o", &[freed.clone(), both.clone(), plain.clone()], &[]);
+        assert!(
+            out[0].ends_with("t\tplain\tREADY\t7\t\t0"),
+            "an unkeyed change has the five fields and the callback flag: {}",
+            out[0]
+        );
+        let d = decode(&out[0], "other").expect("decoded");
+        assert!(!d.lag);
+        assert_eq!(d.tasks, [freed, both, plain]);
     }
 }
