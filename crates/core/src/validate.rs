@@ -120,9 +120,12 @@ pub fn callback_url(url: &str, egress: &EgressPolicy) -> Result<(), CallbackUrlE
             "callback_url is longer than {MAX_URL_LEN} bytes"
         )));
     }
-    if url.contains(char::is_whitespace) {
+    // The contract's pattern admits printable ASCII only: a character class
+    // every regex engine reads alike (what counts as `\s` differs between
+    // Rust's, Python's and JavaScript's), and what RFC 3986 allows unescaped.
+    if !url.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(CallbackUrlError::Invalid(format!(
-            "callback_url {url:?} must not contain white space"
+            "callback_url {url:?} must be printable ASCII without white space (percent-encode other characters)"
         )));
     }
     egress.check_url(url).map_err(|e| match e {
@@ -161,6 +164,10 @@ mod tests {
             "http:///x",
             "example.com",
             "http://a b",
+            "http://a/b c",
+            "http://a/\u{85}",
+            "http://a/\u{1c}",
+            "http://a/caf\u{e9}",
             "http://u:p@example.com/",
         ] {
             assert!(

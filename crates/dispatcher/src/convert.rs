@@ -4,7 +4,8 @@
 use prost_types::{Duration, Timestamp};
 use taskmesh::v1 as pb;
 use taskmesh_core::{
-    AttemptOutcome, CallbackDelivery, CallbackState, Strategy, TaskRecord, TaskState, UnixMillis,
+    AttemptOutcome, CallbackDelivery, CallbackState, Concurrency, Strategy, TaskRecord, TaskState,
+    UnixMillis,
 };
 
 /// Milliseconds since the epoch as a protobuf Timestamp.
@@ -116,6 +117,7 @@ fn outcome_to_pb(outcome: Option<AttemptOutcome>) -> pb::AttemptOutcome {
 /// The wire form of a task.
 pub fn task_to_pb(t: &TaskRecord) -> pb::Task {
     let ts = |v: Option<UnixMillis>| v.map(timestamp);
+    let (concurrency_key, concurrency_limit) = concurrency_to_pb(t.concurrency.as_ref());
     pb::Task {
         namespace: t.namespace.clone(),
         task_id: t.id.clone(),
@@ -179,13 +181,15 @@ pub fn task_to_pb(t: &TaskRecord) -> pb::Task {
         schedule_id: t.schedule_id.clone().unwrap_or_default(),
         traceparent: t.traceparent.clone(),
         callback: t.callback.as_ref().map(callback_to_pb),
-        concurrency_key: t
-            .concurrency
-            .as_ref()
-            .map(|c| c.key.clone())
-            .unwrap_or_default(),
-        concurrency_limit: t.concurrency.as_ref().map_or(0, |c| c.limit),
+        concurrency_key,
+        concurrency_limit,
     }
+}
+
+/// The wire form of a concurrency key: its key and limit, or `("", 0)` for
+/// none.
+pub fn concurrency_to_pb(c: Option<&Concurrency>) -> (String, u32) {
+    c.map_or((String::new(), 0), |c| (c.key.clone(), c.limit))
 }
 
 /// The wire form of a task's callback delivery.

@@ -11,7 +11,9 @@ use taskmesh_core::schedule::{
 use taskmesh_core::{Concurrency, id, task, validate};
 use taskmesh_store::FireCommit;
 
-use crate::convert::{duration, duration_millis, strategy_from_pb, strategy_to_pb, timestamp};
+use crate::convert::{
+    concurrency_to_pb, duration, duration_millis, strategy_from_pb, strategy_to_pb, timestamp,
+};
 use crate::engine::Shared;
 use crate::{Error, task_api::retry_policy};
 
@@ -218,6 +220,7 @@ fn template(shared: &Shared, t: Option<pb::TaskTemplate>) -> Result<TaskTemplate
 /// The wire form of a schedule.
 pub(crate) fn to_pb(s: &ScheduleRecord) -> pb::Schedule {
     let t = &s.template;
+    let (concurrency_key, concurrency_limit) = concurrency_to_pb(t.concurrency.as_ref());
     pb::Schedule {
         schedule_id: s.id.clone(),
         namespace: s.namespace.clone(),
@@ -252,12 +255,8 @@ pub(crate) fn to_pb(s: &ScheduleRecord) -> pb::Schedule {
             timeout: Some(duration(t.timeout_ms)),
             callback_url: t.callback_url.clone(),
             balancer: strategy_to_pb(t.balancer) as i32,
-            concurrency_key: t
-                .concurrency
-                .as_ref()
-                .map(|c| c.key.clone())
-                .unwrap_or_default(),
-            concurrency_limit: t.concurrency.as_ref().map_or(0, |c| c.limit),
+            concurrency_key,
+            concurrency_limit,
         }),
         misfire_policy: match s.misfire {
             MisfirePolicy::FireOnceNow => pb::MisfirePolicy::FireOnceNow,
