@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/taskmesh/v1/task.proto",
         "proto/taskmesh/v1/logs.proto",
         "proto/taskmesh/v1/schedule.proto",
+        "proto/taskmesh/v1/workflow.proto",
         "proto/taskmesh/v1/task_api.proto",
         "proto/taskmesh/v1/dispatcher.proto",
         "proto/taskmesh/v1/worker.proto",

@@ -73,6 +73,16 @@ enabled = true
 include-path = "/api/tasks/{task_id}/retry"
 [operations.checks.positive_data_acceptance]
 expected-statuses = ["2XX", "400", "401", "403", "404", "409", "429"]
+
+# A workflow's steps must name each other: dependencies among the steps, no
+# cycle, at most the server's step limit (1,000 by default, the contract's
+# ceiling 10,000). JSON Schema cannot say that one field's values are
+# another's names, so a schema-valid body may be refused with 400.
+[[operations]]
+include-path = "/api/workflows"
+include-method = "POST"
+[operations.checks.positive_data_acceptance]
+expected-statuses = ["2XX", "400", "401", "403", "404", "409", "429"]
 TOML
 
 status=0

@@ -15,6 +15,8 @@ pub const ACK_HOLD: &str = "TASKMESH_ACK_HOLD";
 pub const HEARTBEAT_INTERVAL: &str = "TASKMESH_HEARTBEAT_INTERVAL";
 /// Largest payload accepted at submit, in bytes (`serve`).
 pub const MAX_PAYLOAD_BYTES: &str = "TASKMESH_MAX_PAYLOAD_BYTES";
+/// Most steps a submitted workflow may have (`serve`).
+pub const MAX_WORKFLOW_STEPS: &str = "TASKMESH_MAX_WORKFLOW_STEPS";
 /// Requests in flight before shedding (`serve`).
 pub const MAX_CONCURRENT_REQUESTS: &str = "TASKMESH_MAX_CONCURRENT_REQUESTS";
 /// Balancer strategy per handler, `handler=STRATEGY`, comma-separated (`serve`).

@@ -92,6 +92,10 @@ struct ServeArgs {
     /// Largest task payload accepted, in bytes.
     #[arg(long, env = env::MAX_PAYLOAD_BYTES, default_value_t = 1024 * 1024)]
     max_payload_bytes: usize,
+    /// Most steps a submitted workflow may have (1-10000).
+    #[arg(long, env = env::MAX_WORKFLOW_STEPS, default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_workflow_steps: u32,
     /// gRPC requests in flight before new ones are refused with RESOURCE_EXHAUSTED.
     #[arg(long, env = env::MAX_CONCURRENT_REQUESTS, default_value_t = 1024)]
     max_concurrent_requests: usize,
@@ -387,6 +391,7 @@ async fn serve(args: ServeArgs, dev: bool) -> anyhow::Result<()> {
     opts.dispatcher.ack_hold = args.ack_hold;
     opts.dispatcher.heartbeat_interval = args.heartbeat_interval;
     opts.dispatcher.max_payload_bytes = args.max_payload_bytes;
+    opts.dispatcher.max_workflow_steps = args.max_workflow_steps as usize;
     opts.dispatcher.max_concurrent_requests = args.max_concurrent_requests;
     opts.dispatcher.request_body_timeout = args.request_body_timeout;
     opts.dispatcher.max_streams_per_connection = args.max_streams_per_connection;

@@ -22,6 +22,7 @@ pub mod state;
 pub mod task;
 pub mod timetable;
 pub mod validate;
+pub mod workflow;
 
 pub use callback::{CallbackDelivery, CallbackJob, CallbackOutcome, CallbackPolicy, CallbackState};
 pub use clock::{Clock, FakeClock, SystemClock, UnixMillis};

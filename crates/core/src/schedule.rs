@@ -208,26 +208,39 @@ impl ScheduleRecord {
 
     /// The task for fire time `fire_at`.
     pub fn new_task(&self, id: String, fire_at: UnixMillis, now: UnixMillis) -> NewTask {
-        let t = &self.template;
+        NewTask {
+            client_request_id: Some(self.fire_key(fire_at)),
+            schedule_id: Some(self.id.clone()),
+            // Never before its fire time, never before now.
+            ..self.template.to_task(id, &self.namespace, fire_at.max(now))
+        }
+    }
+}
+
+impl TaskTemplate {
+    /// A task of this template in `namespace`, due at `run_at`, with no
+    /// idempotency key, schedule or workflow.
+    pub fn to_task(&self, id: String, namespace: &str, run_at: UnixMillis) -> NewTask {
+        let t = self;
         NewTask {
             id,
-            namespace: self.namespace.clone(),
+            namespace: namespace.to_string(),
             handler: t.handler.clone(),
             payload: t.payload.clone(),
             content_type: t.content_type.clone(),
             priority: t.priority,
             labels: t.labels.clone(),
             routing_key: t.routing_key.clone(),
-            client_request_id: Some(self.fire_key(fire_at)),
+            client_request_id: None,
             callback_url: t.callback_url.clone(),
             retry: t.retry.clone(),
             timeout_ms: t.timeout_ms,
-            // Never before its fire time, never before now.
-            run_at: fire_at.max(now),
+            run_at,
             traceparent: String::new(),
             balancer: t.balancer,
-            schedule_id: Some(self.id.clone()),
+            schedule_id: None,
             concurrency: t.concurrency.clone(),
+            workflow: None,
         }
     }
 }

@@ -170,6 +170,9 @@ pub struct NewTask {
     pub schedule_id: Option<String>,
     /// Its concurrency key and limit, if any.
     pub concurrency: Option<Concurrency>,
+    /// The workflow step it is, if any: a step with parents is stored
+    /// waiting (PENDING, never due) until they succeed.
+    pub workflow: Option<crate::workflow::StepLink>,
 }
 
 impl NewTask {
@@ -197,6 +200,7 @@ impl NewTask {
             balancer: None,
             schedule_id: None,
             concurrency: None,
+            workflow: None,
         }
     }
 
@@ -244,7 +248,11 @@ impl NewTask {
 
     /// The record of this task as first stored at `now`.
     pub fn into_record(self, now: UnixMillis) -> TaskRecord {
-        let due = self.run_at <= now;
+        let waits = self
+            .workflow
+            .as_ref()
+            .is_some_and(|w| !w.depends_on.is_empty());
+        let due = self.run_at <= now && !waits;
         let state = if due {
             TaskState::Ready
         } else {
@@ -278,7 +286,11 @@ impl NewTask {
             run_count: 0,
             execution_id: None,
             worker_id: None,
-            next_at: if due { None } else { Some(self.run_at) },
+            next_at: if due || waits {
+                None
+            } else {
+                Some(self.run_at)
+            },
             output: None,
             output_content_type: String::new(),
             error_message: String::new(),
@@ -287,6 +299,7 @@ impl NewTask {
             balancer: self.balancer,
             schedule_id: self.schedule_id,
             concurrency: self.concurrency,
+            workflow: self.workflow,
             attempts: Vec::new(),
             callback: None,
         }
@@ -376,6 +389,8 @@ pub struct TaskRecord {
     pub schedule_id: Option<String>,
     /// Its concurrency key and limit, if any.
     pub concurrency: Option<Concurrency>,
+    /// The workflow step it is, if any.
+    pub workflow: Option<crate::workflow::StepLink>,
     /// Attempts, oldest first (may be left empty by list queries).
     pub attempts: Vec<AttemptRecord>,
     /// The callback outbox entry, once the task ended with a callback URL.

@@ -202,7 +202,9 @@ pub fn need_of(path: &str, open_reflection: bool) -> Option<Need> {
             | "ListSchedules"
             | "ListCircuitBreakers"
             | "GetStats"
-            | "PreviewSchedule" => Need::Read,
+            | "PreviewSchedule"
+            | "GetWorkflow"
+            | "ListWorkflows" => Need::Read,
             "AckTask" => Need::Work,
             // Draining a worker is an operator's act, not a submitter's.
             "DrainWorker" => Need::Admin,

@@ -183,6 +183,21 @@ pub fn task_to_pb(t: &TaskRecord) -> pb::Task {
         callback: t.callback.as_ref().map(callback_to_pb),
         concurrency_key,
         concurrency_limit,
+        workflow_id: t
+            .workflow
+            .as_ref()
+            .map(|w| w.workflow_id.clone())
+            .unwrap_or_default(),
+        workflow_step: t
+            .workflow
+            .as_ref()
+            .map(|w| w.step.clone())
+            .unwrap_or_default(),
+        depends_on: t
+            .workflow
+            .as_ref()
+            .map(|w| w.depends_on.clone())
+            .unwrap_or_default(),
     }
 }
 

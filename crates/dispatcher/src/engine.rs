@@ -522,6 +522,28 @@ async fn push(shared: &Shared, task: TaskRecord) {
                 .collect(),
             timeout: Some(duration(task.timeout_ms)),
             report_secret: shared.assignment_secret(&execution_id),
+            parent_outputs: task
+                .workflow
+                .iter()
+                .flat_map(|w| &w.parent_outputs)
+                .map(|o| {
+                    let payload = pb::Payload {
+                        data: o.data.clone(),
+                        content_type: o.content_type.clone(),
+                    };
+                    (o.step.clone(), payload)
+                })
+                .collect(),
+            workflow_id: task
+                .workflow
+                .as_ref()
+                .map(|w| w.workflow_id.clone())
+                .unwrap_or_default(),
+            workflow_step: task
+                .workflow
+                .as_ref()
+                .map(|w| w.step.clone())
+                .unwrap_or_default(),
         })),
     };
     match tx.try_send(Ok(msg)) {

@@ -29,6 +29,7 @@ mod stream;
 mod submitter;
 mod task_api;
 pub mod trace_context;
+mod workflow_api;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -75,6 +76,8 @@ pub struct DispatcherOptions {
     pub heartbeat_interval: Duration,
     /// Largest task payload accepted at submit.
     pub max_payload_bytes: usize,
+    /// Most steps a workflow may have (1..=`workflow::MAX_STEPS`).
+    pub max_workflow_steps: usize,
     /// Largest gRPC message decoded.
     pub max_message_bytes: usize,
     /// Unary requests running longer are cancelled with DEADLINE_EXCEEDED.
@@ -121,6 +124,7 @@ impl Default for DispatcherOptions {
             ack_hold: Duration::from_millis(100),
             heartbeat_interval: Duration::from_secs(5),
             max_payload_bytes: 1024 * 1024,
+            max_workflow_steps: taskmesh_core::workflow::DEFAULT_MAX_STEPS,
             max_message_bytes: 4 * 1024 * 1024,
             request_timeout: Duration::from_secs(30),
             max_concurrent_requests: 1024,

@@ -166,41 +166,44 @@ fn shortest_interval(
 }
 
 fn template(shared: &Shared, t: Option<pb::TaskTemplate>) -> Result<TaskTemplate, Error> {
-    let t = t.ok_or_else(|| invalid("schedule.template is required"))?;
-    validate::handler_name(&t.handler).map_err(|m| invalid(format!("schedule.template: {m}")))?;
+    template_at(shared, t, "schedule.template")
+}
+
+/// A task template from the wire, checked; errors name it as `at`
+/// (`schedule.template`, `steps[2].template`).
+pub(crate) fn template_at(
+    shared: &Shared,
+    t: Option<pb::TaskTemplate>,
+    at: &str,
+) -> Result<TaskTemplate, Error> {
+    let t = t.ok_or_else(|| invalid(format!("{at} is required")))?;
+    validate::handler_name(&t.handler).map_err(|m| invalid(format!("{at}: {m}")))?;
     let payload = t.payload.unwrap_or_default();
     if payload.data.len() > shared.opts.max_payload_bytes {
         return Err(invalid(format!(
-            "schedule.template.payload is {} bytes; the limit is {} bytes",
+            "{at}.payload is {} bytes; the limit is {} bytes",
             payload.data.len(),
             shared.opts.max_payload_bytes
         )));
     }
-    validate::short_text(
-        "schedule.template.payload.content_type",
-        &payload.content_type,
-    )
-    .map_err(invalid)?;
-    validate::labels("schedule.template.labels", t.labels.iter()).map_err(invalid)?;
-    validate::short_text("schedule.template.routing_key", &t.routing_key).map_err(invalid)?;
+    validate::short_text(&format!("{at}.payload.content_type"), &payload.content_type)
+        .map_err(invalid)?;
+    validate::labels(&format!("{at}.labels"), t.labels.iter()).map_err(invalid)?;
+    validate::short_text(&format!("{at}.routing_key"), &t.routing_key).map_err(invalid)?;
     crate::task_api::callback_url(&t.callback_url, &shared.opts.egress)?;
     let timeout_ms = match &t.timeout {
         None => task::DEFAULT_TIMEOUT_MS,
         Some(d) => match duration_millis(d) {
             Some(ms) if (1..=7 * 24 * 3_600_000).contains(&ms) => ms,
             _ => {
-                return Err(invalid(
-                    "schedule.template.timeout must be between 1 ms and 7 days",
-                ));
+                return Err(invalid(format!(
+                    "{at}.timeout must be between 1 ms and 7 days"
+                )));
             }
         },
     };
-    let balancer = pb::BalancerStrategy::try_from(t.balancer).map_err(|_| {
-        invalid(format!(
-            "schedule.template.balancer {} is unknown",
-            t.balancer
-        ))
-    })?;
+    let balancer = pb::BalancerStrategy::try_from(t.balancer)
+        .map_err(|_| invalid(format!("{at}.balancer {} is unknown", t.balancer)))?;
     Ok(TaskTemplate {
         handler: t.handler,
         payload: payload.data,
@@ -213,7 +216,7 @@ fn template(shared: &Shared, t: Option<pb::TaskTemplate>) -> Result<TaskTemplate
         callback_url: t.callback_url,
         balancer: strategy_from_pb(balancer),
         concurrency: Concurrency::from_parts(&t.concurrency_key, t.concurrency_limit)
-            .map_err(|e| invalid(format!("schedule.template.{e}")))?,
+            .map_err(|e| invalid(format!("{at}.{e}")))?,
     })
 }
 

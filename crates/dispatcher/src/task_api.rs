@@ -22,7 +22,7 @@ use crate::{
     Error,
     convert::{duration_millis, millis_of, state_from_pb, task_to_pb},
     engine::Shared,
-    ops_api, schedule_api,
+    ops_api, schedule_api, workflow_api,
 };
 
 /// The `TaskApi` service.
@@ -166,6 +166,7 @@ fn new_task(
             balancer: strategy_from_pb(req.balancer)?,
             schedule_id: None,
             concurrency,
+            workflow: None,
         },
         fingerprint_run_at,
     ))
@@ -940,6 +941,42 @@ impl pb::task_api_server::TaskApi for TaskApiService {
     ) -> Result<Response<pb::DrainWorkerResponse>, Status> {
         let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
         let answer = ops_api::drain(&self.shared, &who, &namespace, request.into_inner()).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn submit_workflow(
+        &self,
+        request: Request<pb::SubmitWorkflowRequest>,
+    ) -> Result<Response<pb::SubmitWorkflowResponse>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let answer = workflow_api::submit(&self.shared, namespace, request.into_inner()).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn get_workflow(
+        &self,
+        request: Request<pb::GetWorkflowRequest>,
+    ) -> Result<Response<pb::GetWorkflowResponse>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let answer = workflow_api::get(&self.shared, &namespace, request.into_inner()).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn list_workflows(
+        &self,
+        request: Request<pb::ListWorkflowsRequest>,
+    ) -> Result<Response<pb::ListWorkflowsResponse>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let answer = workflow_api::list(&self.shared, &namespace, request.into_inner()).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn cancel_workflow(
+        &self,
+        request: Request<pb::CancelWorkflowRequest>,
+    ) -> Result<Response<pb::CancelWorkflowResponse>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let answer = workflow_api::cancel(&self.shared, &namespace, request.into_inner()).await?;
         Ok(Response::new(answer))
     }
 }

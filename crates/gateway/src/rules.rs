@@ -30,11 +30,18 @@ pub struct Accepted {
 }
 
 /// The RPCs answered with 202 Accepted.
-pub const ACCEPTED: &[Accepted] = &[Accepted {
-    rpc: "taskmesh.v1.TaskApi.SubmitTask",
-    location: "/api/tasks/{task_id}",
-    existing_field: "existing",
-}];
+pub const ACCEPTED: &[Accepted] = &[
+    Accepted {
+        rpc: "taskmesh.v1.TaskApi.SubmitTask",
+        location: "/api/tasks/{task_id}",
+        existing_field: "existing",
+    },
+    Accepted {
+        rpc: "taskmesh.v1.TaskApi.SubmitWorkflow",
+        location: "/api/workflows/{workflow_id}",
+        existing_field: "existing",
+    },
+];
 
 /// Where the request message's fields come from besides the path.
 #[derive(Debug, Clone)]

@@ -94,6 +94,8 @@ macro_rules! store_conformance_suite {
             rerun_opens_an_ended_task_once_more,
             concurrency_keys_cap_claims,
             a_full_key_does_not_block_the_tasks_behind_it,
+            a_diamond_workflow_releases_each_step_once_with_its_parents_outputs,
+            a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -245,6 +247,7 @@ mod operations;
 mod retention;
 mod schedules;
 mod scheduling;
+mod workflows;
 
 pub use batch_create::{create_tasks_batch, create_tasks_many};
 pub use batch_watch::{
@@ -294,3 +297,7 @@ pub use schedules::{
     fire_commits_of_many_schedules_go_together, schedule_crud_with_cas,
 };
 pub use scheduling::{due_tasks_after_run_at, in_flight_by_worker, ready_counts_by_handler};
+pub use workflows::{
+    a_diamond_workflow_releases_each_step_once_with_its_parents_outputs,
+    a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest,
+};

@@ -13,6 +13,7 @@ use taskmesh_core::schedule::{
     FireOutcome, FireRecord, MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleRecord,
     TaskTemplate,
 };
+use taskmesh_core::workflow::{FailurePolicy, StepLink, WorkflowRecord, WorkflowState};
 use taskmesh_core::{
     AttemptOutcome, AttemptRecord, CallbackDelivery, CallbackState, Concurrency, RetryPolicy,
     StateTimes, Strategy, TaskRecord, TaskState,
@@ -158,9 +159,33 @@ fn decode_task(row: &impl Columns, id: &str) -> Result<TaskRecord, String> {
         },
         schedule_id: row.opt_text("schedule_id")?,
         concurrency: concurrency(row)?,
+        workflow: workflow(row)?,
         attempts: Vec::new(),
         callback: None,
     })
+}
+
+/// The `workflow_id`, `workflow_step` and `depends_on` columns: a step
+/// has all three (its parents' outputs are read at claim time only).
+fn workflow(row: &impl Columns) -> Result<Option<StepLink>, String> {
+    let Some(workflow_id) = row.opt_text("workflow_id")? else {
+        return Ok(None);
+    };
+    let step = row
+        .opt_text("workflow_step")?
+        .ok_or("workflow_step is NULL on a workflow's step")?;
+    let depends_on = match row.opt_text("depends_on")? {
+        None => Vec::new(),
+        Some(text) => {
+            serde_json::from_str(&text).map_err(|e| format!("bad depends_on JSON: {e}"))?
+        }
+    };
+    Ok(Some(StepLink {
+        workflow_id,
+        step,
+        depends_on,
+        parent_outputs: Vec::new(),
+    }))
 }
 
 /// The `concurrency_key` and `concurrency_limit` columns: no key is none
@@ -338,4 +363,36 @@ pub(crate) fn template_json(s: &ScheduleRecord) -> Result<String> {
 pub(crate) fn labels_json(task: &TaskRecord) -> Result<String> {
     serde_json::to_string(&task.labels)
         .map_err(|e| bad_task(&task.id, format_args!("cannot encode labels: {e}")))
+}
+
+/// Reads a row of the `workflows` table (steps left empty).
+pub(crate) fn workflow_row(row: &impl Columns) -> Result<WorkflowRecord> {
+    let id = row.text("id");
+    let decoded = (|| {
+        let policy = row.text("failure_policy")?;
+        let state = row.text("state")?;
+        let steps = row.int("step_count")?;
+        Ok::<_, String>(WorkflowRecord {
+            id: row.text("id")?,
+            namespace: row.text("namespace")?,
+            client_request_id: row.opt_text("client_request_id")?,
+            failure_policy: FailurePolicy::parse(&policy)
+                .ok_or_else(|| format!("unknown failure_policy {policy:?}"))?,
+            state: WorkflowState::parse(&state)
+                .ok_or_else(|| format!("unknown state {state:?}"))?,
+            message: row.text("message")?,
+            step_count: u32::try_from(steps)
+                .map_err(|_| format!("step_count = {steps} is out of range"))?,
+            created_at: row.int("created_at")?,
+            updated_at: row.int("updated_at")?,
+            ended_at: row.opt_int("ended_at")?,
+            steps: Vec::new(),
+        })
+    })();
+    decoded.map_err(|e| {
+        Error::Internal(format!(
+            "workflow {}: bad row: {e}",
+            id.unwrap_or_else(|_| "?".into())
+        ))
+    })
 }

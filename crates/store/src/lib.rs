@@ -32,6 +32,7 @@ mod wake;
 use async_trait::async_trait;
 use taskmesh_core::logs::{AttemptLogs, LogBatch, LogCap, LogEntry, LogQuery};
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
+use taskmesh_core::workflow::{WorkflowRecord, WorkflowState};
 use taskmesh_core::{
     CallbackJob, CallbackOutcome, Clock, Event, NewTask, SystemClock, TaskRecord, TaskState,
     UnixMillis,
@@ -43,6 +44,7 @@ pub use error::Error;
 pub use metered::Metered;
 pub use mysql::{MysqlOptions, MysqlStore};
 pub use postgres::{PostgresOptions, PostgresStore};
+pub use sql::CreatedWorkflow;
 pub use sqlite::{SqliteOptions, SqliteStore};
 pub(crate) use types::existing_or_taken;
 pub use types::{
@@ -401,6 +403,44 @@ pub trait Store: Send + Sync + 'static {
     /// Revokes a token at `now`; false when it was revoked already.
     /// [`Error::NotFound`] when there is no such token.
     async fn revoke_token(&self, id: &str, now: UnixMillis) -> Result<bool>;
+
+    /// Workflows: creates `workflow` (its row) and its steps' tasks (each
+    /// carrying its `workflow` link: those without parents READY, the
+    /// others waiting) in one transaction. With a `client_request_id`
+    /// already used in the namespace, the same `fingerprint` returns the
+    /// stored workflow (`existing`); another is [`Error::AlreadyExists`].
+    async fn create_workflow(
+        &self,
+        workflow: WorkflowRecord,
+        fingerprint: &str,
+        steps: Vec<NewTask>,
+        now: UnixMillis,
+    ) -> Result<CreatedWorkflow>;
+
+    /// Workflows: one, with its steps' tasks (attempts left empty).
+    async fn get_workflow(&self, id: &str) -> Result<Option<WorkflowRecord>>;
+
+    /// Workflows: up to `limit` of `namespace`, newest first, of `state` if
+    /// given, created before `before_id` if given; steps left empty.
+    async fn list_workflows(
+        &self,
+        namespace: &str,
+        state: Option<WorkflowState>,
+        before_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<WorkflowRecord>>;
+
+    /// Workflows: cancels workflow `id` (every step not ended is cancelled,
+    /// the workflow CANCELLED with `reason`) in one transaction; one that
+    /// has ended is returned as it is. Returns it with its steps, and the
+    /// steps that were in flight with the execution id they ran (their
+    /// workers are to be told). [`Error::NotFound`] for no such workflow.
+    async fn cancel_workflow(
+        &self,
+        id: &str,
+        reason: &str,
+        now: UnixMillis,
+    ) -> Result<(WorkflowRecord, Vec<(TaskRecord, String)>)>;
 
     /// The cluster's secret key (made by the first replica that asks, the
     /// same for every replica afterwards), from which assignment secrets

@@ -13,14 +13,15 @@ use async_trait::async_trait;
 use taskmesh_core::auth::TokenRecord;
 use taskmesh_core::logs::{AttemptLogs, LogBatch, LogCap, LogEntry, LogQuery};
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
+use taskmesh_core::workflow::{WorkflowRecord, WorkflowState};
 use taskmesh_core::{
     CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, TaskState, UnixMillis,
 };
 use tokio::sync::broadcast;
 
 use crate::{
-    Chooser, Created, FireCommit, FireCommitted, Result, ScheduleChange, Store, TaskChange,
-    TaskFilter, TaskPage,
+    Chooser, Created, CreatedWorkflow, FireCommit, FireCommitted, Result, ScheduleChange, Store,
+    TaskChange, TaskFilter, TaskPage,
 };
 
 /// Name of the store latency histogram.
@@ -368,6 +369,53 @@ impl<S: Store> Store for Metered<S> {
 
     async fn revoke_token(&self, id: &str, now: UnixMillis) -> Result<bool> {
         timed("revoke_token", self.inner.revoke_token(id, now)).await
+    }
+
+    async fn create_workflow(
+        &self,
+        workflow: WorkflowRecord,
+        fingerprint: &str,
+        steps: Vec<NewTask>,
+        now: UnixMillis,
+    ) -> Result<CreatedWorkflow> {
+        timed(
+            "create_workflow",
+            self.inner
+                .create_workflow(workflow, fingerprint, steps, now),
+        )
+        .await
+    }
+
+    async fn get_workflow(&self, id: &str) -> Result<Option<WorkflowRecord>> {
+        timed("get_workflow", self.inner.get_workflow(id)).await
+    }
+
+    async fn list_workflows(
+        &self,
+        namespace: &str,
+        state: Option<WorkflowState>,
+        before_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<WorkflowRecord>> {
+        timed(
+            "list_workflows",
+            self.inner
+                .list_workflows(namespace, state, before_id, limit),
+        )
+        .await
+    }
+
+    async fn cancel_workflow(
+        &self,
+        id: &str,
+        reason: &str,
+        now: UnixMillis,
+    ) -> Result<(WorkflowRecord, Vec<(TaskRecord, String)>)> {
+        timed(
+            "cancel_workflow",
+            self.inner.cancel_workflow(id, reason, now),
+        )
+        .await
     }
 
     async fn cluster_key(&self) -> Result<Vec<u8>> {

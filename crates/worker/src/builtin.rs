@@ -155,6 +155,9 @@ mod tests {
             labels: HashMap::new(),
             cancel: CancellationToken::new(),
             log: crate::TaskLog::discard(),
+            workflow_id: String::new(),
+            workflow_step: String::new(),
+            parent_outputs: HashMap::new(),
         }
     }
 

@@ -37,6 +37,13 @@ pub struct TaskContext {
     /// (`GetTaskLogs`). `tracing` events inside the handler land here too
     /// when the subscriber has [`capture_layer`](crate::capture_layer).
     pub log: crate::TaskLog,
+    /// For a workflow step: its workflow and step name (empty otherwise).
+    pub workflow_id: String,
+    /// The step's name in its workflow.
+    pub workflow_step: String,
+    /// For a workflow step: each parent's output (bytes and media type)
+    /// by step name.
+    pub parent_outputs: HashMap<String, Output>,
 }
 
 impl TaskContext {

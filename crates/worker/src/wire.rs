@@ -97,6 +97,19 @@ pub(crate) fn context(
         labels: a.labels,
         cancel,
         log,
+        workflow_id: a.workflow_id,
+        workflow_step: a.workflow_step,
+        parent_outputs: a
+            .parent_outputs
+            .into_iter()
+            .map(|(step, p)| {
+                let output = crate::Output {
+                    data: p.data,
+                    content_type: p.content_type,
+                };
+                (step, output)
+            })
+            .collect(),
     }
 }
 

@@ -236,8 +236,11 @@ impl<B: Backend> SqlStore<B> {
                 "claim of {claimed} {handler} tasks could not be written"
             )));
         }
+        let changes = std::mem::take(&mut batch.changes);
+        let mut tasks = batch.into_tasks();
+        super::workflows::fill_parent_outputs(b, &mut tx, &mut tasks).await?;
         b.commit(tx).await?;
-        self.publish(&batch.changes, &[]);
-        Ok(batch.into_tasks())
+        self.publish(&changes, &[]);
+        Ok(tasks)
     }
 }

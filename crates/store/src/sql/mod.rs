@@ -11,7 +11,7 @@
 //! Layout: `backend` is the seam, `dialect` and `statements` the SQL,
 //! `rows` the column lists and arguments; `tasks` creates and reads tasks,
 //! `transitions` and `batch` write events, `claims` claims READY tasks,
-//! `callbacks` the outbox, `logs` task logs, `stats` GetStats' figures, `schedules` and `fires` the schedules, and
+//! `callbacks` the outbox, `workflows` workflows, `logs` task logs, `stats` GetStats' figures, `schedules` and `fires` the schedules, and
 //! `store_impl` implements the trait by calling them.
 
 mod backend;
@@ -30,6 +30,7 @@ mod store_impl;
 mod tasks;
 mod tokens;
 mod transitions;
+mod workflows;
 
 use std::sync::Arc;
 
@@ -43,6 +44,7 @@ pub(crate) use backend::{args, bind_all, sqlx_backend};
 pub use batch::Batch;
 pub use dialect::{BulkForm, Dialect, LADDER, Ladder};
 pub use statements::{Statements, list_index};
+pub use workflows::CreatedWorkflow;
 
 pub use crate::decode::Columns;
 

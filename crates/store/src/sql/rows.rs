@@ -16,7 +16,7 @@ pub const TASK_READ: &str = "id, namespace, handler, payload, content_type, stat
     updated_at, pending_at, ready_at, dispatching_at, running_at, retrying_at, ended_at, \
     attempt, run_count, execution_id, worker_id, next_at, output, output_content_type, \
     error_message, version, traceparent, balancer, schedule_id, concurrency_key, \
-    concurrency_limit";
+    concurrency_limit, workflow_id, workflow_step, depends_on";
 
 /// [`TASK_READ`] without the bodies (empty `payload`, `output` only where
 /// one exists) and with their sizes (`payload_len`, `output_len`): what a
@@ -29,7 +29,7 @@ pub const TASK_READ_SUMMARY: &str = "id, namespace, handler, SUBSTR(payload, 1, 
     attempt, run_count, execution_id, worker_id, next_at, SUBSTR(output, 1, 0) AS output, \
     COALESCE(LENGTH(output), 0) AS output_len, output_content_type, \
     error_message, version, traceparent, balancer, schedule_id, concurrency_key, \
-    concurrency_limit";
+    concurrency_limit, workflow_id, workflow_step, depends_on";
 
 /// The `tasks` columns an insert writes before [`TASK_BODY`]; they never
 /// change afterwards.
@@ -41,7 +41,7 @@ pub const TASK_KEYS: [&str; 4] = [
 ];
 
 /// Every other `tasks` column, in [`body_args`] order; `true` for JSON.
-pub const TASK_BODY: [(&str, bool); 36] = [
+pub const TASK_BODY: [(&str, bool); 39] = [
     ("handler", false),
     ("payload", false),
     ("content_type", false),
@@ -78,6 +78,9 @@ pub const TASK_BODY: [(&str, bool); 36] = [
     ("schedule_id", false),
     ("concurrency_key", false),
     ("concurrency_limit", false),
+    ("workflow_id", false),
+    ("workflow_step", false),
+    ("depends_on", false),
 ];
 
 /// The columns a transition may change (`core::apply` leaves the others
@@ -211,7 +214,16 @@ pub fn body_args(task: &TaskRecord, out: &mut Args) -> Result<()> {
         task.schedule_id.clone(),
         task.concurrency.as_ref().map(|c| c.key.clone()),
         task.concurrency.as_ref().map_or(0, |c| c.limit),
+        task.workflow.as_ref().map(|w| w.workflow_id.clone()),
+        task.workflow.as_ref().map(|w| w.step.clone()),
     ]);
+    out.push(Val::Text(match &task.workflow {
+        None => None,
+        Some(w) => Some(
+            serde_json::to_string(&w.depends_on)
+                .map_err(|e| crate::Error::Internal(format!("depends_on as JSON: {e}")))?,
+        ),
+    }));
     Ok(())
 }
 

@@ -9,6 +9,7 @@ use super::rows::{
     ATTEMPT_COLUMNS, CALLBACK_COLUMNS, SCHEDULE_BODY, SCHEDULE_READ, TASK_BODY, TASK_KEYS,
     TASK_MUTABLE, TASK_READ, TASK_READ_SUMMARY, TOKEN_COLUMNS, assignments, names, row_marks,
 };
+use super::workflows::WORKFLOW_COLUMNS;
 
 /// The rendered statements of one dialect. Field names say what each does;
 /// the templates below say how.
@@ -134,6 +135,22 @@ pub struct Statements {
     /// The bulk compare-and-set of [`TASK_MUTABLE`] (see [`BulkForm`]).
     pub update_tasks: Ladder,
     pub close_attempts: Ladder,
+    /// Workflows: the row, read, locked (waiting or `SKIP LOCKED`), by
+    /// idempotency key, and its state written.
+    pub insert_workflow: String,
+    pub get_workflow: String,
+    pub lock_workflow: String,
+    pub try_lock_workflow: String,
+    pub workflow_by_request_id: String,
+    pub update_workflow: String,
+    /// Workflows: the steps' tasks (in creation order), locked or not, and
+    /// the outputs of those that succeeded.
+    pub steps_of: String,
+    pub lock_steps: String,
+    pub step_outputs: String,
+    /// Workflows newest first in a namespace; index: 1 = by state, 2 =
+    /// before an id.
+    pub list_workflows: [String; 4],
 }
 
 /// The index into [`Statements::list`] for a filter on namespace, state,
@@ -362,6 +379,8 @@ impl Statements {
                  AND t.ended_at < ? - COALESCE(h.horizon_ms, n.horizon_ms, ?) \
                  AND NOT EXISTS (SELECT 1 FROM callbacks c \
                  WHERE c.task_id = t.id AND c.state = 'PENDING') \
+                 AND NOT EXISTS (SELECT 1 FROM workflows w \
+                 WHERE w.id = t.workflow_id AND w.state = 'RUNNING') \
                  ORDER BY t.ended_at LIMIT ?"),
             shortest_horizon: r(
                 "SELECT MIN(horizon_ms) AS h FROM retention_policies WHERE state = ?",
@@ -523,6 +542,47 @@ impl Statements {
             }),
             update_tasks: Ladder::new(d, update_tasks_sql),
             close_attempts: Ladder::new(d, close_attempts_sql),
+            insert_workflow: r(&format!(
+                "INSERT INTO workflows ({WORKFLOW_COLUMNS}) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            )),
+            get_workflow: r(&format!(
+                "SELECT {WORKFLOW_COLUMNS} FROM workflows WHERE id = ?"
+            )),
+            lock_workflow: r(&format!(
+                "SELECT {WORKFLOW_COLUMNS} FROM workflows WHERE id = ?{{lock}}"
+            )),
+            try_lock_workflow: r("SELECT id FROM workflows WHERE id = ?{skip_locked}"),
+            workflow_by_request_id: r(&format!(
+                "SELECT {WORKFLOW_COLUMNS} FROM workflows \
+                 WHERE namespace = ? AND client_request_id = ?"
+            )),
+            update_workflow: r(
+                "UPDATE workflows SET state = ?, message = ?, updated_at = ?, ended_at = ? \
+                 WHERE id = ?",
+            ),
+            steps_of: r(&format!(
+                "SELECT {TASK_READ} FROM tasks WHERE workflow_id = ? ORDER BY id"
+            )),
+            lock_steps: r(&format!(
+                "SELECT {TASK_READ} FROM tasks WHERE workflow_id = ? ORDER BY id{{lock}}"
+            )),
+            step_outputs: r(
+                "SELECT workflow_step, output, output_content_type FROM tasks \
+                 WHERE workflow_id = ? AND state = 'SUCCEEDED'",
+            ),
+            list_workflows: std::array::from_fn(|i| {
+                let mut sql =
+                    format!("SELECT {WORKFLOW_COLUMNS} FROM workflows WHERE namespace = ?");
+                if i & 1 != 0 {
+                    sql.push_str(" AND state = ?");
+                }
+                if i & 2 != 0 {
+                    sql.push_str(" AND id < ?");
+                }
+                sql.push_str(" ORDER BY id DESC LIMIT ?");
+                r(&sql)
+            }),
         }
     }
 }

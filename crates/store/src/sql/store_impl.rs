@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use taskmesh_core::auth::TokenRecord;
 use taskmesh_core::logs::{AttemptLogs, LogBatch, LogCap, LogEntry, LogQuery};
 use taskmesh_core::schedule::{FireRecord, ScheduleRecord};
+use taskmesh_core::workflow::{WorkflowRecord, WorkflowState};
 use taskmesh_core::{
     CallbackJob, CallbackOutcome, Event, NewTask, TaskRecord, TaskState, UnixMillis,
 };
@@ -14,8 +15,8 @@ use super::backend::Backend;
 use super::tasks::sql_limit;
 use super::{SqlStore, args};
 use crate::{
-    Chooser, Created, Error, FireCommit, FireCommitted, Result, ScheduleChange, Store, TaskChange,
-    TaskFilter, TaskPage, TaskStats, decode,
+    Chooser, Created, CreatedWorkflow, Error, FireCommit, FireCommitted, Result, ScheduleChange,
+    Store, TaskChange, TaskFilter, TaskPage, TaskStats, decode,
 };
 
 #[async_trait]
@@ -308,6 +309,41 @@ impl<B: Backend> Store for SqlStore<B> {
 
     async fn revoke_token(&self, id: &str, now: UnixMillis) -> Result<bool> {
         self.token_revoke(id, now).await
+    }
+
+    async fn create_workflow(
+        &self,
+        workflow: WorkflowRecord,
+        fingerprint: &str,
+        steps: Vec<NewTask>,
+        now: UnixMillis,
+    ) -> Result<CreatedWorkflow> {
+        self.create_workflow_sql(workflow, fingerprint, steps, now)
+            .await
+    }
+
+    async fn get_workflow(&self, id: &str) -> Result<Option<WorkflowRecord>> {
+        self.get_workflow_sql(id).await
+    }
+
+    async fn list_workflows(
+        &self,
+        namespace: &str,
+        state: Option<WorkflowState>,
+        before_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<WorkflowRecord>> {
+        self.list_workflows_sql(namespace, state, before_id, limit)
+            .await
+    }
+
+    async fn cancel_workflow(
+        &self,
+        id: &str,
+        reason: &str,
+        now: UnixMillis,
+    ) -> Result<(WorkflowRecord, Vec<(TaskRecord, String)>)> {
+        self.cancel_workflow_sql(id, reason, now).await
     }
 
     async fn cluster_key(&self) -> Result<Vec<u8>> {

@@ -15,6 +15,7 @@ use super::batch::Batch;
 use super::dialect::in_lists;
 use super::rows::{attempt_args, body_args, callback_args, new_callback};
 use super::tasks::lock_task;
+use super::workflows::{advance, lock_workflows, may_end, try_lock_workflows, workflows_of};
 use super::{SqlStore, args};
 use crate::{Error, Result, TaskChange, decode};
 
@@ -191,6 +192,18 @@ impl<B: Backend> SqlStore<B> {
         let mut tx = b.begin_write().await?;
         check_fence(b, &mut tx, fence).await?;
         let read = lock_rows(b, &mut tx, &sorted_ids(events)).await?;
+        // Steps that may end need their workflows, locked before any task
+        // on the row path when another transaction holds one.
+        let workflows = workflows_of(
+            events
+                .iter()
+                .filter(|(_, e)| may_end(e))
+                .filter_map(|(id, _)| read.get(id.as_str())?.as_ref().ok()),
+        );
+        if !workflows.is_empty() && !try_lock_workflows(b, &mut tx, &workflows).await? {
+            drop(tx);
+            return self.transition_rows(events, now, fence, &workflows).await;
+        }
         let mut batch = Batch::default();
         let mut results = Vec::with_capacity(events.len());
         for (id, event) in events {
@@ -209,14 +222,14 @@ impl<B: Backend> SqlStore<B> {
         }
         if batch.needs_full_rows() {
             drop(tx);
-            return self.transition_rows(events, now, fence).await;
+            return self.transition_rows(events, now, fence, &workflows).await;
         }
         let missed = match b.write_batch(&mut tx, &batch).await {
             Ok(missed) => missed,
             Err(err @ (Error::Internal(_) | Error::AlreadyExists(_))) => {
                 drop(tx);
                 tracing::debug!(error = %err, "batch write failed; writing row by row");
-                return self.transition_rows(events, now, fence).await;
+                return self.transition_rows(events, now, fence, &workflows).await;
             }
             Err(err) => return Err(err),
         };
@@ -228,30 +241,46 @@ impl<B: Backend> SqlStore<B> {
                 *result = transition_alone(b, &mut tx, id, event, now).await?;
             }
         }
+        let advanced = advance(b, &mut tx, &workflows, now).await?;
         b.commit(tx).await?;
-        let changes: Vec<TaskChange> = results.iter().flatten().map(TaskChange::of).collect();
+        let changes: Vec<TaskChange> = results
+            .iter()
+            .flatten()
+            .chain(&advanced)
+            .map(TaskChange::of)
+            .collect();
         self.publish(&changes, &[]);
         Ok(results)
     }
 
     /// `transition_many` row by row, a savepoint per event, the rows locked
-    /// up front in id order as on the batch path.
+    /// up front in id order as on the batch path, after the rows of
+    /// `workflows` (the workflows of its steps that may end), which are
+    /// advanced before the commit.
     async fn transition_rows(
         &self,
         events: &[(String, Event)],
         now: UnixMillis,
         fence: Option<u64>,
+        workflows: &[String],
     ) -> Result<Vec<Result<TaskRecord>>> {
         let b = self.backend();
         let mut tx = b.begin_write().await?;
         check_fence(b, &mut tx, fence).await?;
+        lock_workflows(b, &mut tx, workflows).await?;
         lock_rows(b, &mut tx, &sorted_ids(events)).await?;
         let mut results = Vec::with_capacity(events.len());
         for (id, event) in events {
             results.push(transition_alone(b, &mut tx, id, event, now).await?);
         }
+        let advanced = advance(b, &mut tx, workflows, now).await?;
         b.commit(tx).await?;
-        let changes: Vec<TaskChange> = results.iter().flatten().map(TaskChange::of).collect();
+        let changes: Vec<TaskChange> = results
+            .iter()
+            .flatten()
+            .chain(&advanced)
+            .map(TaskChange::of)
+            .collect();
         self.publish(&changes, &[]);
         Ok(results)
     }

@@ -1,0 +1,283 @@
+//! The workflow calls of `TaskApi`: SubmitWorkflow, GetWorkflow,
+//! ListWorkflows and CancelWorkflow. A definition is checked whole (the
+//! contract's rules, then names, dependencies, cycles, the step limit and
+//! each template as a schedule's is) before anything is written; the store
+//! creates the workflow and its steps in one transaction and advances it in
+//! the transaction that ends a step (`taskmesh_store::sql::workflows`).
+
+use taskmesh::v1 as pb;
+use taskmesh_core::workflow::{
+    FailurePolicy, StepDef, StepLink, WorkflowRecord, WorkflowState, check_steps, fingerprint,
+    is_waiting,
+};
+use taskmesh_core::{NewTask, TaskRecord, id, validate};
+use taskmesh_scheduler::meters;
+use tracing::info;
+
+use crate::convert::timestamp;
+use crate::engine::Shared;
+use crate::schedule_api::template_at;
+use crate::{Error, task_api::task_id_of};
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}
+
+fn workflow_id_of(text: &str) -> Result<String, Error> {
+    task_id_of(text).map_err(|_| {
+        invalid(format!(
+            "workflow_id {text:?} is not a valid workflow id (a UUID)"
+        ))
+    })
+}
+
+fn policy_from_pb(value: i32) -> Result<FailurePolicy, Error> {
+    match pb::FailurePolicy::try_from(value) {
+        Ok(pb::FailurePolicy::Unspecified | pb::FailurePolicy::CancelRemaining) => {
+            Ok(FailurePolicy::CancelRemaining)
+        }
+        Ok(pb::FailurePolicy::ContinueIndependent) => Ok(FailurePolicy::ContinueIndependent),
+        Err(_) => Err(invalid(format!(
+            "failure_policy {value} is not a known FailurePolicy"
+        ))),
+    }
+}
+
+fn policy_to_pb(p: FailurePolicy) -> pb::FailurePolicy {
+    match p {
+        FailurePolicy::CancelRemaining => pb::FailurePolicy::CancelRemaining,
+        FailurePolicy::ContinueIndependent => pb::FailurePolicy::ContinueIndependent,
+    }
+}
+
+fn state_to_pb(s: WorkflowState) -> pb::WorkflowState {
+    match s {
+        WorkflowState::Running => pb::WorkflowState::Running,
+        WorkflowState::Succeeded => pb::WorkflowState::Succeeded,
+        WorkflowState::Failed => pb::WorkflowState::Failed,
+        WorkflowState::Cancelled => pb::WorkflowState::Cancelled,
+    }
+}
+
+fn step_to_pb(t: &TaskRecord) -> pb::WorkflowStep {
+    let link = t.workflow.as_ref();
+    pb::WorkflowStep {
+        name: link.map(|w| w.step.clone()).unwrap_or_default(),
+        depends_on: link.map(|w| w.depends_on.clone()).unwrap_or_default(),
+        task_id: t.id.clone(),
+        state: crate::convert::state_to_pb(t.state) as i32,
+        waiting: is_waiting(t),
+        attempt: t.attempt,
+        output: t.output.as_ref().map(|data| pb::Payload {
+            data: data.clone(),
+            content_type: t.output_content_type.clone(),
+        }),
+        error_message: t.error_message.clone(),
+        ended_at: t.times.end.map(timestamp),
+    }
+}
+
+/// The wire form of a workflow (with its steps, if they were read).
+pub(crate) fn to_pb(w: &WorkflowRecord) -> pb::Workflow {
+    pb::Workflow {
+        workflow_id: w.id.clone(),
+        namespace: w.namespace.clone(),
+        state: state_to_pb(w.state) as i32,
+        failure_policy: policy_to_pb(w.failure_policy) as i32,
+        message: w.message.clone(),
+        step_count: w.step_count,
+        steps: w.steps.iter().map(step_to_pb).collect(),
+        client_request_id: w.client_request_id.clone().unwrap_or_default(),
+        created_at: Some(timestamp(w.created_at)),
+        ended_at: w.ended_at.map(timestamp),
+    }
+}
+
+/// SubmitWorkflow in `namespace`.
+pub(crate) async fn submit(
+    shared: &Shared,
+    namespace: String,
+    req: pb::SubmitWorkflowRequest,
+) -> Result<pb::SubmitWorkflowResponse, Error> {
+    let max = shared.opts.max_workflow_steps;
+    if req.steps.len() > max {
+        return Err(invalid(format!(
+            "the workflow has {} steps; the limit is {max}",
+            req.steps.len()
+        )));
+    }
+    let policy = policy_from_pb(req.failure_policy)?;
+    validate::short_text("client_request_id", &req.client_request_id).map_err(invalid)?;
+    let defs: Vec<StepDef> = req
+        .steps
+        .iter()
+        .map(|s| StepDef {
+            name: s.name.clone(),
+            depends_on: s.depends_on.clone(),
+        })
+        .collect();
+    check_steps(&defs, max).map_err(invalid)?;
+    let mut templates = Vec::with_capacity(req.steps.len());
+    for (i, s) in req.steps.into_iter().enumerate() {
+        templates.push(template_at(
+            shared,
+            s.template,
+            &format!("steps[{i}].template"),
+        )?);
+    }
+    let fp = fingerprint(
+        policy,
+        &defs
+            .iter()
+            .cloned()
+            .zip(templates.iter())
+            .collect::<Vec<_>>(),
+    );
+    let now = shared.clock.now_millis();
+    let workflow_id = id::new_task_id();
+    let steps: Vec<NewTask> = defs
+        .into_iter()
+        .zip(&templates)
+        .map(|(d, t)| NewTask {
+            workflow: Some(StepLink {
+                workflow_id: workflow_id.clone(),
+                step: d.name,
+                depends_on: d.depends_on,
+                parent_outputs: Vec::new(),
+            }),
+            ..t.to_task(id::new_task_id(), &namespace, now)
+        })
+        .collect();
+    let n = steps.len();
+    let record = WorkflowRecord {
+        id: workflow_id,
+        namespace: namespace.clone(),
+        client_request_id: (!req.client_request_id.is_empty()).then_some(req.client_request_id),
+        failure_policy: policy,
+        state: WorkflowState::Running,
+        message: String::new(),
+        step_count: u32::try_from(n).unwrap_or(u32::MAX),
+        created_at: now,
+        updated_at: now,
+        ended_at: None,
+        steps: Vec::new(),
+    };
+    shared.quotas.admit_tasks(&namespace, n as u64)?;
+    let created = shared.store.create_workflow(record, &fp, steps, now).await;
+    shared.quotas.settled(&namespace, n as u64);
+    let created = created?;
+    if !created.existing {
+        info!(workflow_id = %created.workflow.id, steps = n, "workflow submitted");
+        for t in &created.workflow.steps {
+            meters::submitted(&t.namespace, &t.handler, 1);
+        }
+        shared.wake.notify_one();
+    }
+    Ok(pb::SubmitWorkflowResponse {
+        workflow_id: created.workflow.id.clone(),
+        workflow: Some(to_pb(&created.workflow)),
+        existing: created.existing,
+    })
+}
+
+/// Workflow `id` of `namespace`, or NOT_FOUND (also when it belongs to
+/// another namespace).
+async fn load_in(shared: &Shared, namespace: &str, id: &str) -> Result<WorkflowRecord, Error> {
+    shared
+        .store
+        .get_workflow(id)
+        .await?
+        .filter(|w| w.namespace == namespace)
+        .ok_or_else(|| Error::NotFound(format!("workflow {id} not found")))
+}
+
+/// GetWorkflow in `namespace`.
+pub(crate) async fn get(
+    shared: &Shared,
+    namespace: &str,
+    req: pb::GetWorkflowRequest,
+) -> Result<pb::GetWorkflowResponse, Error> {
+    let id = workflow_id_of(&req.workflow_id)?;
+    let workflow = load_in(shared, namespace, &id).await?;
+    Ok(pb::GetWorkflowResponse {
+        workflow: Some(to_pb(&workflow)),
+    })
+}
+
+/// ListWorkflows in `namespace`.
+pub(crate) async fn list(
+    shared: &Shared,
+    namespace: &str,
+    req: pb::ListWorkflowsRequest,
+) -> Result<pb::ListWorkflowsResponse, Error> {
+    if req.page_size > 1_000 {
+        return Err(invalid("page_size must be at most 1000"));
+    }
+    let limit = if req.page_size == 0 {
+        100
+    } else {
+        req.page_size as usize
+    };
+    let state = match pb::WorkflowState::try_from(req.state) {
+        Ok(pb::WorkflowState::Unspecified) => None,
+        Ok(pb::WorkflowState::Running) => Some(WorkflowState::Running),
+        Ok(pb::WorkflowState::Succeeded) => Some(WorkflowState::Succeeded),
+        Ok(pb::WorkflowState::Failed) => Some(WorkflowState::Failed),
+        Ok(pb::WorkflowState::Cancelled) => Some(WorkflowState::Cancelled),
+        Err(_) => {
+            return Err(invalid(format!(
+                "state {} is not a known WorkflowState",
+                req.state
+            )));
+        }
+    };
+    let before = if req.page_token.is_empty() {
+        None
+    } else {
+        Some(id::parse_task_id(&req.page_token).ok_or_else(|| invalid("page_token is not valid"))?)
+    };
+    let mut page = shared
+        .store
+        .list_workflows(namespace, state, before.as_deref(), limit + 1)
+        .await?;
+    let next = if page.len() > limit {
+        page.truncate(limit);
+        page.last().map(|w| w.id.clone()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    Ok(pb::ListWorkflowsResponse {
+        workflows: page.iter().map(to_pb).collect(),
+        next_page_token: next,
+    })
+}
+
+/// CancelWorkflow in `namespace`: the store cancels every step not ended
+/// in one transaction; the workers of those that were running on this
+/// node's streams are told to stop.
+pub(crate) async fn cancel(
+    shared: &Shared,
+    namespace: &str,
+    req: pb::CancelWorkflowRequest,
+) -> Result<pb::CancelWorkflowResponse, Error> {
+    let id = workflow_id_of(&req.workflow_id)?;
+    validate::short_text("reason", &req.reason).map_err(invalid)?;
+    load_in(shared, namespace, &id).await?;
+    let reason = if req.reason.is_empty() {
+        "workflow cancelled by a caller".to_string()
+    } else {
+        req.reason
+    };
+    let now = shared.clock.now_millis();
+    let (workflow, stopped) = shared.store.cancel_workflow(&id, &reason, now).await?;
+    for (task, execution_id) in &stopped {
+        shared.take_back_attempt(&task.id, execution_id, &reason);
+    }
+    if !stopped.is_empty() {
+        shared.wake.notify_one();
+    }
+    info!(workflow_id = %id, state = workflow.state.as_str(), "workflow cancel requested");
+    Ok(pb::CancelWorkflowResponse {
+        workflow: Some(to_pb(&workflow)),
+    })
+}

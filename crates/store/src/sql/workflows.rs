@@ -1,0 +1,424 @@
+//! Workflows: created whole (the workflow's row and every step's task in
+//! one transaction), advanced in the transaction that ends one of their
+//! steps, cancelled whole.
+//!
+//! Locking: a transaction that may end, release or cancel a step holds the
+//! step's workflow row first. The batch path of `transition_many` reads
+//! (and locks) its tasks before it knows their workflows, so it takes the
+//! workflow rows `SKIP LOCKED`; on a miss it starts again on the row path,
+//! which locks the workflows (in id order) before any task. Nothing waits
+//! for a workflow row while holding a task row, so there is no deadlock;
+//! and two steps ending at once are serialised on their workflow, so the
+//! one that commits second sees the first's end and a child whose parents
+//! both succeeded is released exactly once. [`advance`] then reads every
+//! step (locking them; claims hold a step only briefly and never wait for
+//! a workflow) and writes what `taskmesh_core::workflow::advance` decides:
+//! steps released to READY, steps cancelled, the workflow's new state.
+//!
+//! A step's parents' outputs are read when it is claimed
+//! ([`fill_parent_outputs`]), not copied at release: a retried parent's
+//! new output is the one its child sees.
+
+use std::collections::HashMap;
+
+use taskmesh_core::workflow::{self as wf, ParentOutput, WorkflowRecord, WorkflowState};
+use taskmesh_core::{Event, NewTask, TaskRecord, TaskState, UnixMillis};
+
+use super::backend::Backend;
+use super::tasks::{insert_rows, sql_limit};
+use super::transitions::transition_one;
+use super::{SqlStore, args};
+use crate::error::is_unique_violation;
+use crate::{Error, Result, TaskChange, decode};
+
+/// `workflows` columns, as `decode::workflow_row` reads them and an insert
+/// writes them.
+pub const WORKFLOW_COLUMNS: &str = "id, namespace, client_request_id, request_fingerprint, \
+    failure_policy, state, message, step_count, created_at, updated_at, ended_at";
+
+/// Whether `event` may end a task, or open an ended one again: what makes
+/// a transition of a step need its workflow.
+pub(super) fn may_end(event: &Event) -> bool {
+    !matches!(
+        event,
+        Event::Ack { .. } | Event::Due | Event::Defer { .. } | Event::Dispatch { .. }
+    )
+}
+
+/// The workflows of `tasks` (those that are steps), sorted, once each.
+pub(super) fn workflows_of<'a>(tasks: impl Iterator<Item = &'a TaskRecord>) -> Vec<String> {
+    let mut ids: Vec<String> = tasks
+        .filter_map(|t| Some(t.workflow.as_ref()?.workflow_id.clone()))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Locks the rows of workflows `ids` (sorted) `SKIP LOCKED`: false when
+/// another transaction holds one (the caller starts again with
+/// [`lock_workflows`] before any task).
+pub(super) async fn try_lock_workflows<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    ids: &[String],
+) -> Result<bool> {
+    for id in ids {
+        let rows = b.fetch(tx, &b.sql().try_lock_workflow, args![id]).await?;
+        if rows.is_empty() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Locks the rows of workflows `ids` (sorted), waiting for them.
+pub(super) async fn lock_workflows<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    ids: &[String],
+) -> Result<()> {
+    for id in ids {
+        b.fetch(tx, &b.sql().lock_workflow, args![id]).await?;
+    }
+    Ok(())
+}
+
+/// The steps of workflow `id`, in the order created (= defined).
+async fn steps_of<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    id: &str,
+    lock: bool,
+) -> Result<Vec<TaskRecord>> {
+    let sql = if lock {
+        &b.sql().lock_steps
+    } else {
+        &b.sql().steps_of
+    };
+    let rows = b.fetch(tx, sql, args![id]).await?;
+    rows.iter().map(decode::task).collect()
+}
+
+async fn workflow_row<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    id: &str,
+) -> Result<Option<WorkflowRecord>> {
+    let rows = b.fetch(tx, &b.sql().get_workflow, args![id]).await?;
+    rows.first().map(decode::workflow_row).transpose()
+}
+
+/// Advances each of workflows `ids` (their rows locked by the caller):
+/// releases the steps whose parents all succeeded, cancels what its
+/// failure policy (or a cancel) says, and writes its state. Returns every
+/// step it changed.
+pub(super) async fn advance<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    ids: &[String],
+    now: UnixMillis,
+) -> Result<Vec<TaskRecord>> {
+    let mut changed = Vec::new();
+    for id in ids {
+        let Some(workflow) = workflow_row(b, tx, id).await? else {
+            continue;
+        };
+        advance_one(b, tx, workflow, false, now, &mut changed).await?;
+    }
+    Ok(changed)
+}
+
+/// [`advance`] of one workflow; `cancel` cancels it. Returns it as
+/// written, with its steps.
+async fn advance_one<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    mut workflow: WorkflowRecord,
+    cancel: bool,
+    now: UnixMillis,
+    changed: &mut Vec<TaskRecord>,
+) -> Result<WorkflowRecord> {
+    let mut steps = steps_of(b, tx, &workflow.id, true).await?;
+    let cancelled = cancel || workflow.state == WorkflowState::Cancelled;
+    let plan = wf::advance(&steps, workflow.failure_policy, cancelled);
+    let index: HashMap<String, usize> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.id.clone(), i))
+        .collect();
+    let events = plan
+        .release
+        .iter()
+        .map(|id| (id, Event::Due))
+        .chain(plan.cancel.iter().map(|(id, reason)| {
+            (
+                id,
+                Event::Cancel {
+                    reason: reason.clone(),
+                },
+            )
+        }));
+    for (id, event) in events {
+        let task = transition_one(b, tx, id, &event, now).await?;
+        if let Some(&i) = index.get(id) {
+            steps[i] = task.clone();
+        }
+        changed.push(task);
+    }
+    let message = if cancel && workflow.message.is_empty() {
+        "workflow cancelled".to_string()
+    } else if plan.message.is_empty() {
+        workflow.message.clone()
+    } else {
+        plan.message
+    };
+    if plan.state != workflow.state || message != workflow.message {
+        let ended_at = if plan.state.is_terminal() {
+            workflow.ended_at.or(Some(now))
+        } else {
+            None
+        };
+        b.exec(
+            tx,
+            &b.sql().update_workflow,
+            args![plan.state.as_str(), &message, now, ended_at, &workflow.id],
+        )
+        .await?;
+        workflow.state = plan.state;
+        workflow.message = message;
+        workflow.updated_at = now;
+        workflow.ended_at = ended_at;
+    }
+    workflow.steps = steps;
+    Ok(workflow)
+}
+
+/// Fills in the parents' outputs of the claimed steps among `tasks`.
+pub(super) async fn fill_parent_outputs<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    tasks: &mut [TaskRecord],
+) -> Result<()> {
+    for task in tasks {
+        let Some(link) = task.workflow.as_mut() else {
+            continue;
+        };
+        if link.depends_on.is_empty() {
+            continue;
+        }
+        let rows = b
+            .fetch(tx, &b.sql().step_outputs, args![&link.workflow_id])
+            .await?;
+        let mut outputs = Vec::with_capacity(link.depends_on.len());
+        for row in &rows {
+            let step = decode::Columns::text(row, "workflow_step")
+                .map_err(|e| Error::Internal(format!("bad step output row: {e}")))?;
+            if !link.depends_on.contains(&step) {
+                continue;
+            }
+            outputs.push(ParentOutput {
+                step,
+                data: decode::Columns::opt_bytes(row, "output")
+                    .map_err(|e| Error::Internal(format!("bad step output: {e}")))?
+                    .unwrap_or_default(),
+                content_type: decode::Columns::text(row, "output_content_type")
+                    .map_err(|e| Error::Internal(format!("bad step output: {e}")))?,
+            });
+        }
+        link.parent_outputs = outputs;
+    }
+    Ok(())
+}
+
+/// What [`SqlStore::create_workflow`] answers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreatedWorkflow {
+    /// The workflow with its steps.
+    pub workflow: WorkflowRecord,
+    /// True when its idempotency key named one created before.
+    pub existing: bool,
+}
+
+impl<B: Backend> SqlStore<B> {
+    /// `Store::create_workflow`.
+    pub(super) async fn create_workflow_sql(
+        &self,
+        workflow: WorkflowRecord,
+        fingerprint: &str,
+        steps: Vec<NewTask>,
+        now: UnixMillis,
+    ) -> Result<CreatedWorkflow> {
+        let b = self.backend();
+        let mut tx = b.begin_write().await?;
+        if let Some(found) = self.holder(&mut tx, &workflow, fingerprint).await? {
+            b.commit(tx).await?;
+            return Ok(found);
+        }
+        let values = args![
+            &workflow.id,
+            &workflow.namespace,
+            workflow.client_request_id.clone(),
+            fingerprint,
+            workflow.failure_policy.as_str(),
+            workflow.state.as_str(),
+            &workflow.message,
+            i64::from(workflow.step_count),
+            workflow.created_at,
+            workflow.updated_at,
+            workflow.ended_at,
+        ];
+        if let Err(err) = b.exec(&mut tx, &b.sql().insert_workflow, values).await {
+            drop(tx);
+            // Another submit of the same key committed first.
+            if is_unique_violation(&err) {
+                let mut tx = b.begin_write().await?;
+                let found = self.holder(&mut tx, &workflow, fingerprint).await?;
+                b.commit(tx).await?;
+                if let Some(found) = found {
+                    return Ok(found);
+                }
+            }
+            return Err(err.into());
+        }
+        let records: Vec<TaskRecord> = steps.into_iter().map(|t| t.into_record(now)).collect();
+        let rows: Vec<(&TaskRecord, &str)> = records.iter().map(|t| (t, "")).collect();
+        match insert_rows(b, &mut tx, &rows).await? {
+            Ok(()) => {}
+            Err(err) if is_unique_violation(&err) => {
+                return Err(Error::AlreadyExists(format!(
+                    "a step id of workflow {} is taken",
+                    workflow.id
+                )));
+            }
+            Err(err) => return Err(err.into()),
+        }
+        b.commit(tx).await?;
+        let changes: Vec<TaskChange> = records.iter().map(TaskChange::of).collect();
+        self.publish(&changes, &[]);
+        Ok(CreatedWorkflow {
+            workflow: WorkflowRecord {
+                steps: records,
+                ..workflow
+            },
+            existing: false,
+        })
+    }
+
+    /// The workflow holding `workflow`'s idempotency key, if one does: the
+    /// same fingerprint answers with it, another is ALREADY_EXISTS.
+    async fn holder(
+        &self,
+        tx: &mut B::Tx,
+        workflow: &WorkflowRecord,
+        fingerprint: &str,
+    ) -> Result<Option<CreatedWorkflow>> {
+        let b = self.backend();
+        let Some(crid) = &workflow.client_request_id else {
+            return Ok(None);
+        };
+        let rows = b
+            .fetch(
+                tx,
+                &b.sql().workflow_by_request_id,
+                args![&workflow.namespace, crid],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let stored_fp = decode::fingerprint(row)?;
+        let mut stored = decode::workflow_row(row)?;
+        if stored_fp != fingerprint {
+            return Err(Error::AlreadyExists(format!(
+                "client_request_id {crid:?} was used for a different workflow ({})",
+                stored.id
+            )));
+        }
+        stored.steps = steps_of(b, tx, &stored.id, false).await?;
+        Ok(Some(CreatedWorkflow {
+            workflow: stored,
+            existing: true,
+        }))
+    }
+
+    /// `Store::get_workflow`.
+    pub(super) async fn get_workflow_sql(&self, id: &str) -> Result<Option<WorkflowRecord>> {
+        let b = self.backend();
+        let mut tx = b.begin_read().await?;
+        let Some(mut workflow) = workflow_row(b, &mut tx, id).await? else {
+            return Ok(None);
+        };
+        workflow.steps = steps_of(b, &mut tx, id, false).await?;
+        b.commit(tx).await?;
+        Ok(Some(workflow))
+    }
+
+    /// `Store::list_workflows`.
+    pub(super) async fn list_workflows_sql(
+        &self,
+        namespace: &str,
+        state: Option<WorkflowState>,
+        before_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<WorkflowRecord>> {
+        let b = self.backend();
+        let sql = b.sql();
+        let mut values = args![namespace];
+        if let Some(s) = state {
+            values.extend(args![s.as_str()]);
+        }
+        if let Some(before) = before_id {
+            values.extend(args![before]);
+        }
+        values.extend(args![sql_limit(limit)]);
+        let i = usize::from(state.is_some()) | usize::from(before_id.is_some()) << 1;
+        let mut tx = b.begin_read().await?;
+        let rows = b.fetch(&mut tx, &sql.list_workflows[i], values).await?;
+        b.commit(tx).await?;
+        rows.iter().map(decode::workflow_row).collect()
+    }
+
+    /// `Store::cancel_workflow`.
+    pub(super) async fn cancel_workflow_sql(
+        &self,
+        id: &str,
+        reason: &str,
+        now: UnixMillis,
+    ) -> Result<(WorkflowRecord, Vec<(TaskRecord, String)>)> {
+        let b = self.backend();
+        let mut tx = b.begin_write().await?;
+        let rows = b.fetch(&mut tx, &b.sql().lock_workflow, args![id]).await?;
+        let Some(row) = rows.first() else {
+            return Err(Error::NotFound(format!("workflow {id}")));
+        };
+        let mut workflow = decode::workflow_row(row)?;
+        if workflow.state.is_terminal() {
+            workflow.steps = steps_of(b, &mut tx, id, false).await?;
+            b.commit(tx).await?;
+            return Ok((workflow, Vec::new()));
+        }
+        workflow.message = reason.to_string();
+        // Which steps were in flight, and on which attempt.
+        let before: HashMap<String, Option<String>> = steps_of(b, &mut tx, id, true)
+            .await?
+            .into_iter()
+            .filter(|t| t.state.is_in_flight())
+            .map(|t| (t.id, t.execution_id))
+            .collect();
+        let mut changed = Vec::new();
+        let workflow = advance_one(b, &mut tx, workflow, true, now, &mut changed).await?;
+        b.commit(tx).await?;
+        let changes: Vec<TaskChange> = changed.iter().map(TaskChange::of).collect();
+        self.publish(&changes, &[]);
+        let stopped = changed
+            .into_iter()
+            .filter(|t| t.state == TaskState::Cancelled)
+            .filter_map(|t| {
+                let exec = before.get(&t.id)?.clone()?;
+                Some((t, exec))
+            })
+            .collect();
+        Ok((workflow, stopped))
+    }
+}

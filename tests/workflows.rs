@@ -1,0 +1,343 @@
+//! Workflows end to end, on a real node over gRPC and REST with a real
+//! worker stream: a diamond whose last step receives its parents' outputs
+//! in its assignment, each failure policy, cancel reaching a running step,
+//! and definitions refused whole with nothing written.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use taskmesh::v1 as pb;
+use taskmesh::v1::connect_request::Message as In;
+use taskmesh::v1::connect_response::Message as Out;
+use taskmesh_testkit::http::{Rest, assert_error};
+use taskmesh_testkit::raw::RawWorker;
+use taskmesh_testkit::*;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn step(name: &str, deps: &[&str], handler: &str) -> Value {
+    json!({"name": name, "dependsOn": deps, "template": {"handler": handler}})
+}
+
+/// Completes `a` with `output`, or fails it for good.
+async fn finish(raw: &RawWorker, a: &pb::TaskAssignment, output: Option<&str>) {
+    let result = match output {
+        Some(text) => pb::task_complete::Result::Success(pb::TaskSuccess {
+            output: Some(pb::Payload {
+                data: text.as_bytes().to_vec(),
+                content_type: "text/plain".into(),
+            }),
+        }),
+        None => pb::task_complete::Result::Failure(pb::TaskFailure {
+            message: format!("{} broke", a.workflow_step),
+            retryable: false,
+        }),
+    };
+    raw.send(In::Complete(pb::TaskComplete {
+        task_id: a.task_id.clone(),
+        execution_id: a.execution_id.clone(),
+        result: Some(result),
+    }))
+    .await;
+}
+
+/// The next `n` assignments, sorted by step name.
+async fn next_steps(raw: &mut RawWorker, n: usize) -> Vec<pb::TaskAssignment> {
+    let mut got = raw.assigns(n).await;
+    got.sort_by(|a, b| a.workflow_step.cmp(&b.workflow_step));
+    got
+}
+
+async fn workflow(rest: &Rest, id: &str) -> Value {
+    let reply = rest
+        .call(Method::GET, &format!("/api/workflows/{id}"), None)
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json);
+    reply.json["workflow"].clone()
+}
+
+async fn wait_workflow(rest: &Rest, id: &str, want: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let w = workflow(rest, id).await;
+        if w["state"] == want {
+            return w;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "workflow {id} never reached {want}: {w:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_diamond_over_rest_passes_its_parents_outputs_to_the_last_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let rest = Rest::new(node.http_addr);
+    let mut raw = RawWorker::connect(node.grpc_addr, "w-dag", &["dag"], 4).await;
+
+    let body = json!({
+        "clientRequestId": "diamond",
+        "steps": [
+            step("a", &[], "dag"),
+            step("b", &["a"], "dag"),
+            step("c", &["a"], "dag"),
+            step("d", &["b", "c"], "dag"),
+        ]
+    });
+    let reply = rest
+        .call(Method::POST, "/api/workflows", Some(body.clone()))
+        .await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{:?}", reply.json);
+    let id = reply.json["workflowId"].as_str().unwrap().to_string();
+    assert_eq!(
+        reply.headers["location"].to_str().unwrap(),
+        format!("/api/workflows/{id}")
+    );
+    assert_eq!(reply.json["workflow"]["stepCount"], 4);
+    let again = rest.call(Method::POST, "/api/workflows", Some(body)).await;
+    assert_eq!(again.status, StatusCode::OK, "an idempotent repeat");
+    assert_eq!(again.json["workflowId"], id.as_str());
+
+    let a = next_steps(&mut raw, 1).await;
+    assert_eq!(a[0].workflow_step, "a");
+    assert_eq!(a[0].workflow_id, id);
+    assert!(a[0].parent_outputs.is_empty());
+    finish(&raw, &a[0], Some("A")).await;
+    let bc = next_steps(&mut raw, 2).await;
+    assert_eq!(
+        bc.iter()
+            .map(|s| s.workflow_step.as_str())
+            .collect::<Vec<_>>(),
+        ["b", "c"]
+    );
+    assert_eq!(bc[0].parent_outputs["a"].data, b"A");
+    finish(&raw, &bc[0], Some("B")).await;
+    finish(&raw, &bc[1], Some("C")).await;
+    let d = next_steps(&mut raw, 1).await;
+    assert_eq!(d[0].workflow_step, "d");
+    let mut outs: Vec<(String, String)> = d[0]
+        .parent_outputs
+        .iter()
+        .map(|(k, v)| (k.clone(), String::from_utf8(v.data.clone()).unwrap()))
+        .collect();
+    outs.sort();
+    assert_eq!(
+        outs,
+        [("b".into(), "B".into()), ("c".into(), "C".into())],
+        "d sees b's and c's outputs, not a's"
+    );
+    assert_eq!(d[0].parent_outputs["b"].content_type, "text/plain");
+    finish(&raw, &d[0], Some("D")).await;
+
+    let done = wait_workflow(&rest, &id, "WORKFLOW_STATE_SUCCEEDED").await;
+    let steps = done["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 4);
+    for (s, want) in steps.iter().zip(["A", "B", "C", "D"]) {
+        assert_eq!(s["state"], "TASK_STATE_SUCCEEDED");
+        let data = s["output"]["data"].as_str().unwrap();
+        assert_eq!(data, base64_of(want), "{s}");
+    }
+    let listed = rest
+        .call(
+            Method::GET,
+            "/api/workflows?state=WORKFLOW_STATE_SUCCEEDED",
+            None,
+        )
+        .await;
+    assert_eq!(listed.status, StatusCode::OK);
+    assert_eq!(listed.json["workflows"][0]["workflowId"], id.as_str());
+    // A step's task names its workflow.
+    let task = rest.task(steps[3]["taskId"].as_str().unwrap()).await;
+    assert_eq!(task["workflowId"], id.as_str());
+    assert_eq!(task["dependsOn"], json!(["b", "c"]));
+    raw.close().await;
+    stop_node(node).await;
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+async fn get_workflow(api: &mut TaskApi, id: &str) -> pb::Workflow {
+    api.get_workflow(pb::GetWorkflowRequest {
+        workflow_id: id.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("get_workflow")
+    .into_inner()
+    .workflow
+    .expect("a workflow")
+}
+
+type TaskApi = pb::task_api_client::TaskApiClient<tonic::transport::Channel>;
+
+#[tokio::test]
+async fn each_failure_policy_and_cancel_over_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let mut api = api(node.grpc_addr).await;
+    let mut raw = RawWorker::connect(node.grpc_addr, "w-policy", &["pol"], 4).await;
+    let spec = |name: &str, deps: &[&str]| pb::WorkflowStepSpec {
+        name: name.into(),
+        depends_on: deps.iter().map(|d| d.to_string()).collect(),
+        template: Some(pb::TaskTemplate {
+            handler: "pol".into(),
+            ..Default::default()
+        }),
+    };
+    let diamond = || {
+        vec![
+            spec("a", &[]),
+            spec("b", &["a"]),
+            spec("c", &["a"]),
+            spec("d", &["b", "c"]),
+        ]
+    };
+    for policy in [
+        pb::FailurePolicy::CancelRemaining,
+        pb::FailurePolicy::ContinueIndependent,
+    ] {
+        let id = api
+            .submit_workflow(pb::SubmitWorkflowRequest {
+                steps: diamond(),
+                failure_policy: policy as i32,
+                ..Default::default()
+            })
+            .await
+            .expect("submit")
+            .into_inner()
+            .workflow_id;
+        let a = next_steps(&mut raw, 1).await;
+        finish(&raw, &a[0], Some("A")).await;
+        let bc = next_steps(&mut raw, 2).await;
+        raw.ack(&bc[1]).await;
+        finish(&raw, &bc[0], None).await;
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        let w = loop {
+            let w = get_workflow(&mut api, &id).await;
+            let d = &w.steps[3];
+            if d.state == pb::TaskState::Cancelled as i32 {
+                break w;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{w:#?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        match policy {
+            pb::FailurePolicy::CancelRemaining => {
+                assert_eq!(w.state, pb::WorkflowState::Failed as i32);
+                assert_eq!(w.steps[2].state, pb::TaskState::Cancelled as i32, "c too");
+                assert!(w.message.contains("b broke"), "{}", w.message);
+            }
+            _ => {
+                assert_eq!(w.state, pb::WorkflowState::Running as i32, "c still runs");
+                finish(&raw, &bc[1], Some("C")).await;
+                let deadline = tokio::time::Instant::now() + LIMIT;
+                loop {
+                    let w = get_workflow(&mut api, &id).await;
+                    if w.state == pb::WorkflowState::Failed as i32 {
+                        assert_eq!(w.steps[2].state, pb::TaskState::Succeeded as i32);
+                        break;
+                    }
+                    assert!(tokio::time::Instant::now() < deadline, "{w:#?}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
+    // Cancel reaches the running step's worker.
+    let id = api
+        .submit_workflow(pb::SubmitWorkflowRequest {
+            steps: diamond(),
+            ..Default::default()
+        })
+        .await
+        .expect("submit")
+        .into_inner()
+        .workflow_id;
+    let a = next_steps(&mut raw, 1).await;
+    raw.ack(&a[0]).await;
+    let w = api
+        .cancel_workflow(pb::CancelWorkflowRequest {
+            workflow_id: id.clone(),
+            reason: "enough".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("cancel")
+        .into_inner()
+        .workflow
+        .unwrap();
+    assert_eq!(w.state, pb::WorkflowState::Cancelled as i32);
+    assert!(
+        w.steps
+            .iter()
+            .all(|s| s.state == pb::TaskState::Cancelled as i32)
+    );
+    let told = loop {
+        match raw.next(LIMIT).await {
+            Some(Out::Cancel(c)) => break c,
+            Some(_) => continue,
+            None => panic!("the running step's worker was not told to cancel"),
+        }
+    };
+    assert_eq!(told.task_id, a[0].task_id);
+    assert_eq!(told.reason, "enough");
+    raw.close().await;
+    stop_node(node).await;
+}
+
+#[tokio::test]
+async fn a_bad_definition_is_refused_whole_with_nothing_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let rest = Rest::new(node.http_addr);
+    let cases = [
+        (
+            json!({"steps": [step("a", &["b"], "x"), step("b", &["c"], "x"), step("c", &["a"], "x")]}),
+            "cycle",
+        ),
+        (
+            json!({"steps": [step("a", &["zz"], "x")]}),
+            "\"zz\", which is not a step",
+        ),
+        (
+            json!({"steps": [step("a", &[], "x"), step("a", &[], "x")]}),
+            "used twice",
+        ),
+        (json!({"steps": []}), "steps"),
+        (
+            json!({"steps": [{"name": "a", "template": {"handler": "x", "timeout": "0s"}}]}),
+            "timeout",
+        ),
+    ];
+    for (body, text) in cases {
+        let reply = rest.call(Method::POST, "/api/workflows", Some(body)).await;
+        assert_error(&reply, 400, 3, text);
+    }
+    let listed = rest.call(Method::GET, "/api/workflows", None).await;
+    assert_eq!(listed.status, StatusCode::OK);
+    assert!(
+        listed.json["workflows"]
+            .as_array()
+            .is_none_or(|a| a.is_empty()),
+        "{:?}",
+        listed.json
+    );
+    assert_eq!(rest.count_tasks().await, 0, "no step was written");
+    let missing = rest
+        .call(
+            Method::GET,
+            "/api/workflows/018f2b9e-0000-7000-8000-000000000000",
+            None,
+        )
+        .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    stop_node(node).await;
+}
