@@ -10,6 +10,8 @@
 # server, Python's and Node's local validation; the worker registers;
 # 100 tasks submitted by Node all SUCCEEDED (watched, then read back with
 # GetTask, outputs equal to payloads); a failing handler ends FAILED; a
+# diamond workflow submitted over REST by dag_example.py whose Python steps
+# add up their parents' outputs; a
 # Python handler's log lines are followed live and read back (`taskmesh
 # logs`), in both modes; tasks
 # running at SIGTERM are finished by the drain; the worker exits 0; its own
@@ -208,6 +210,9 @@ check "node: 100 py.echo tasks SUCCEEDED, outputs equal payloads" \
 check "node: a py.fail task ends FAILED with the handler's message" \
   node_client run --handler py.fail --payload '{"message":"boom","retryable":false}' \
   --expect FAILED --timeout 60
+check "python: a workflow's steps get their parents' outputs (dag_example.py over REST)" \
+  env TASKMESH_TOKEN="$client_token" "$py" "$worker_dir/dag_example.py" \
+  --base "https://127.0.0.1:$http_port" --ids-file "$tmp/dag-ids"
 
 # python_logs IDS_FILE N LIVE: a py.log task of N lines 250 ms apart, its
 # lines followed with `taskmesh logs --follow` (with LIVE=1 the first one
@@ -277,9 +282,9 @@ sys.exit(1 if problems else 0)
 PY
 }
 cross_check() {
-  cat "$tmp/echo-ids" "$tmp/sleep-ids" "$tmp/log-ids" >"$tmp/succeeded-ids"
+  cat "$tmp/echo-ids" "$tmp/sleep-ids" "$tmp/log-ids" "$tmp/dag-ids" >"$tmp/succeeded-ids"
   compare_stats worker "$tmp/worker-stats.json" "$tmp/succeeded-ids" \
-    '{"succeeded": 104, "failed": 1, "results_accepted": 105, "results_refused": 0, "rejected": 0, "sessions": 1}'
+    '{"succeeded": 108, "failed": 1, "results_accepted": 109, "results_refused": 0, "rejected": 0, "sessions": 1}'
 }
 check "python: the worker's own count matches the node client's tasks" cross_check
 

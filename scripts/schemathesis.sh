@@ -78,11 +78,17 @@ expected-statuses = ["2XX", "400", "401", "403", "404", "409", "429"]
 # cycle, at most the server's step limit (1,000 by default, the contract's
 # ceiling 10,000). JSON Schema cannot say that one field's values are
 # another's names, so a schema-valid body may be refused with 400.
+#
+# And a body past the server's size limit (4 MiB: say 10,001 steps with
+# long dependency lists, which the coverage phase sends to break maxItems)
+# is refused before it is read, with 413.
 [[operations]]
 include-path = "/api/workflows"
 include-method = "POST"
 [operations.checks.positive_data_acceptance]
 expected-statuses = ["2XX", "400", "401", "403", "404", "409", "429"]
+[operations.checks.negative_data_rejection]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5XX"]
 TOML
 
 status=0

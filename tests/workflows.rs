@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use taskmesh::v1 as pb;
 use taskmesh::v1::connect_request::Message as In;
 use taskmesh::v1::connect_response::Message as Out;
-use taskmesh_testkit::http::{Rest, assert_error};
+use taskmesh_testkit::http::{Events, Rest, assert_error};
 use taskmesh_testkit::raw::RawWorker;
 use taskmesh_testkit::*;
 
@@ -101,6 +101,10 @@ async fn a_diamond_over_rest_passes_its_parents_outputs_to_the_last_step() {
     let again = rest.call(Method::POST, "/api/workflows", Some(body)).await;
     assert_eq!(again.status, StatusCode::OK, "an idempotent repeat");
     assert_eq!(again.json["workflowId"], id.as_str());
+    let (status, _, mut watch) = Events::open(&rest, &format!("/api/workflows/{id}/watch")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, first) = watch.next(LIMIT).await.expect("the first snapshot");
+    assert_eq!(first["workflow"]["state"], "WORKFLOW_STATE_RUNNING");
 
     let a = next_steps(&mut raw, 1).await;
     assert_eq!(a[0].workflow_step, "a");
@@ -133,6 +137,14 @@ async fn a_diamond_over_rest_passes_its_parents_outputs_to_the_last_step() {
     assert_eq!(d[0].parent_outputs["b"].content_type, "text/plain");
     finish(&raw, &d[0], Some("D")).await;
 
+    // The watch follows every step to the end, then closes.
+    let mut seen = vec![first];
+    while let Some((_, event)) = watch.next(LIMIT).await {
+        seen.push(event);
+    }
+    let last = &seen.last().unwrap()["workflow"];
+    assert_eq!(last["state"], "WORKFLOW_STATE_SUCCEEDED", "{seen:#?}");
+    assert!(seen.len() >= 2, "a snapshot and the end: {}", seen.len());
     let done = wait_workflow(&rest, &id, "WORKFLOW_STATE_SUCCEEDED").await;
     let steps = done["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 4);
@@ -177,6 +189,18 @@ async fn get_workflow(api: &mut TaskApi, id: &str) -> pb::Workflow {
 
 type TaskApi = pb::task_api_client::TaskApiClient<tonic::transport::Channel>;
 
+async fn wait_grpc(api: &mut TaskApi, id: &str, want: pb::WorkflowState) -> pb::Workflow {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let w = get_workflow(api, id).await;
+        if w.state == want as i32 {
+            return w;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{w:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn each_failure_policy_and_cancel_over_grpc() {
     let dir = tempfile::tempdir().unwrap();
@@ -218,6 +242,17 @@ async fn each_failure_policy_and_cancel_over_grpc() {
         let bc = next_steps(&mut raw, 2).await;
         raw.ack(&bc[1]).await;
         finish(&raw, &bc[0], None).await;
+        if policy == pb::FailurePolicy::CancelRemaining {
+            // c was running: its worker is told to stop.
+            let told = loop {
+                match raw.next(LIMIT).await {
+                    Some(Out::Cancel(c)) => break c,
+                    Some(_) => continue,
+                    None => panic!("c's worker was not told to cancel"),
+                }
+            };
+            assert_eq!(told.task_id, bc[1].task_id);
+        }
         let deadline = tokio::time::Instant::now() + LIMIT;
         let w = loop {
             let w = get_workflow(&mut api, &id).await;
@@ -233,20 +268,49 @@ async fn each_failure_policy_and_cancel_over_grpc() {
                 assert_eq!(w.state, pb::WorkflowState::Failed as i32);
                 assert_eq!(w.steps[2].state, pb::TaskState::Cancelled as i32, "c too");
                 assert!(w.message.contains("b broke"), "{}", w.message);
+                // A step is retried with its workflow, never alone.
+                let alone = api
+                    .retry_task(pb::RetryTaskRequest {
+                        task_id: w.steps[1].task_id.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect_err("RetryTask on a step");
+                assert_eq!(alone.code(), tonic::Code::FailedPrecondition);
+                assert!(
+                    alone.message().contains("RetryWorkflow"),
+                    "{}",
+                    alone.message()
+                );
             }
             _ => {
                 assert_eq!(w.state, pb::WorkflowState::Running as i32, "c still runs");
                 finish(&raw, &bc[1], Some("C")).await;
-                let deadline = tokio::time::Instant::now() + LIMIT;
-                loop {
-                    let w = get_workflow(&mut api, &id).await;
-                    if w.state == pb::WorkflowState::Failed as i32 {
-                        assert_eq!(w.steps[2].state, pb::TaskState::Succeeded as i32);
-                        break;
-                    }
-                    assert!(tokio::time::Instant::now() < deadline, "{w:#?}");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                wait_grpc(&mut api, &id, pb::WorkflowState::Failed).await;
+                // RetryWorkflow: b again, then d with both outputs.
+                let r = api
+                    .retry_workflow(pb::RetryWorkflowRequest {
+                        workflow_id: id.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("retry")
+                    .into_inner();
+                assert_eq!(r.rerun_steps, 2);
+                let b = next_steps(&mut raw, 1).await;
+                assert_eq!(b[0].workflow_step, "b");
+                assert_eq!(b[0].attempt, 2, "attempt numbers go on");
+                finish(&raw, &b[0], Some("B2")).await;
+                let d = next_steps(&mut raw, 1).await;
+                assert_eq!(d[0].workflow_step, "d");
+                assert_eq!(d[0].parent_outputs["b"].data, b"B2");
+                assert_eq!(d[0].parent_outputs["c"].data, b"C");
+                finish(&raw, &d[0], Some("D")).await;
+                let w = wait_grpc(&mut api, &id, pb::WorkflowState::Succeeded).await;
+                assert_eq!(
+                    w.steps[0].attempt, 1,
+                    "a, which succeeded, did not run again"
+                );
             }
         }
     }
@@ -288,7 +352,7 @@ async fn each_failure_policy_and_cancel_over_grpc() {
         }
     };
     assert_eq!(told.task_id, a[0].task_id);
-    assert_eq!(told.reason, "enough");
+    assert_eq!(told.execution_id, a[0].execution_id);
     raw.close().await;
     stop_node(node).await;
 }

@@ -2,9 +2,10 @@
 //! `taskmesh worker` processes on a private database and a private Redis,
 //! once on Postgres and once on MariaDB (one scenario, two tests).
 //! 10,000 tasks are submitted (SubmitTasks batches spread over the replicas,
-//! a refused batch retried elsewhere with the same client request ids)
-//! while the leader is killed (SIGKILL) twice and a worker every few
-//! seconds, each replaced. A schedule fires every second throughout.
+//! a refused batch retried elsewhere with the same client request ids),
+//! and 100 diamond workflows (a → b, c → d) beside them, while the leader
+//! is killed (SIGKILL) twice and a worker every few seconds, each
+//! replaced. A schedule fires every second throughout.
 //!
 //! Then the record is checked against the workers' ledgers (one line per
 //! handler execution, written before it runs) and the store:
@@ -22,7 +23,10 @@
 //!   back because its worker re-registered on another replica, vanished
 //!   from the cluster-wide registry or its ACK was never written);
 //! - after each leader kill a new leader committed a schedule fire within
-//!   lease TTL + 2 s, and every fire time has one task.
+//!   lease TTL + 2 s, and every fire time has one task;
+//! - every workflow SUCCEEDED, each of its steps SUCCEEDED exactly once (the
+//!   steps are among the tasks above), and no step started before its
+//!   parents had ended.
 //!
 //! Clocks: kill instants are taken on this host's clock; fire times
 //! (`schedule_fires.handled_at`) are the leader's `now`, the database's
@@ -35,9 +39,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use taskmesh::v1 as pb;
 use taskmesh_store::DatabaseKind;
 use taskmesh_testkit::cluster::{
-    Cluster, LEASE_TTL, Load, Replica, lazy_client, leader_index, submit_load,
+    Cluster, LEASE_TTL, Load, Replica, lazy_client, leader_index, submit_load, submit_workflows,
 };
 use taskmesh_testkit::db::Arg;
 use taskmesh_testkit::metrics::metric;
@@ -60,6 +65,11 @@ const WORKER_KILL_EVERY: Duration = Duration::from_secs(3);
 const LEADER_KILLS: usize = 2;
 const FIRST_LEADER_KILL: Duration = Duration::from_secs(4);
 const LEADER_KILL_GAP: Duration = Duration::from_secs(8);
+/// Diamond workflows submitted beside the tasks, one per this interval.
+const WORKFLOWS: usize = 100;
+const WORKFLOW_EVERY: Duration = Duration::from_millis(150);
+/// How far two replicas' readings of the database clock may differ.
+const CLOCK_SLACK_MS: i64 = 100;
 
 /// How the store records an attempt taken back because the stream holding
 /// it was on a replica that died (`crates/dispatcher/src/lost.rs`,
@@ -119,6 +129,13 @@ async fn chaos(kind: DatabaseKind) {
             task_ms: TASK_MS,
             prefix: "chaos".into(),
         },
+    ));
+    let workflow_submitter = tokio::spawn(submit_workflows(
+        urls.clone(),
+        WORKFLOWS,
+        WORKFLOW_EVERY,
+        TASK_MS,
+        "chaos-wf".into(),
     ));
     let begin = Instant::now();
     let mut next_worker_kill = begin + Duration::from_secs(2);
@@ -180,7 +197,10 @@ async fn chaos(kind: DatabaseKind) {
         }
     }
     let chaos_secs = begin.elapsed().as_secs_f64();
-    let accepted = submitter.await.expect("the submitter");
+    let mut accepted = submitter.await.expect("the submitter");
+    let (workflows, steps) = workflow_submitter.await.expect("the workflow submitter");
+    let tasks_accepted = accepted.len();
+    accepted.extend(steps);
     api0 = lazy_client(&urls[0]);
     pause_schedule(&mut api0, &schedule).await;
 
@@ -208,7 +228,9 @@ async fn chaos(kind: DatabaseKind) {
     };
 
     // ---- the proof ----
-    assert_eq!(accepted.len(), TASKS, "every task was accepted");
+    assert_eq!(tasks_accepted, TASKS, "every task was accepted");
+    assert_eq!(workflows.len(), WORKFLOWS, "every workflow was accepted");
+    let workflow_order = check_workflows(&urls, &workflows).await;
     let ledger = read_ledgers(&cluster, started);
     let killed_worker_at: HashMap<&str, i64> = worker_kills
         .iter()
@@ -249,6 +271,10 @@ async fn chaos(kind: DatabaseKind) {
         explained("a killed replica")
     );
     println!("  attempts {}, tasks SUCCEEDED twice 0", proof.attempts);
+    println!(
+        "  workflows {WORKFLOWS}: all SUCCEEDED, {} steps each SUCCEEDED once; {workflow_order}",
+        4 * WORKFLOWS
+    );
     for (reason, n) in &proof.why {
         println!("    earlier execution ended {reason}: {n}");
     }
@@ -306,4 +332,78 @@ fn read_ledgers(cluster: &Cluster, started: usize) -> Vec<LedgerLine> {
     (1..=started)
         .flat_map(|n| read_ledger(&cluster.path(&format!("ledger-w{n}"))))
         .collect()
+}
+
+/// Every workflow SUCCEEDED with its four steps SUCCEEDED, and each step
+/// started (its first attempt) only after every parent had ended; a
+/// summary of the release gaps.
+async fn check_workflows(urls: &[String], workflows: &[String]) -> String {
+    let mut api = lazy_client(&urls[0]);
+    let mut gaps = Vec::new();
+    for id in workflows {
+        let w = api
+            .get_workflow(pb::GetWorkflowRequest {
+                workflow_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("get_workflow")
+            .into_inner()
+            .workflow
+            .expect("a workflow");
+        assert_eq!(
+            w.state,
+            pb::WorkflowState::Succeeded as i32,
+            "workflow {id}: {w:#?}"
+        );
+        let mut ended: HashMap<String, i64> = HashMap::new();
+        let mut started: HashMap<String, i64> = HashMap::new();
+        for s in &w.steps {
+            assert_eq!(
+                s.state,
+                pb::TaskState::Succeeded as i32,
+                "{id} step {}",
+                s.name
+            );
+            let task = api
+                .get_task(pb::GetTaskRequest {
+                    task_id: s.task_id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .expect("get_task")
+                .into_inner()
+                .task
+                .expect("a task");
+            let ms = |t: &Option<prost_types::Timestamp>| {
+                t.as_ref()
+                    .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
+                    .unwrap_or(i64::MAX)
+            };
+            let first = task.attempts.iter().map(|a| ms(&a.start_time)).min();
+            started.insert(s.name.clone(), first.expect("a step that SUCCEEDED ran"));
+            ended.insert(s.name.clone(), ms(&s.ended_at));
+        }
+        for s in &w.steps {
+            for p in &s.depends_on {
+                let (start, end) = (started[&s.name], ended[p]);
+                // Two replicas' instants: each follows the database's clock
+                // (StoreClock) within a few ms, hence the slack.
+                assert!(
+                    start + CLOCK_SLACK_MS >= end,
+                    "workflow {id}: step {} started at {start}, before its parent {p} ended at {end}",
+                    s.name
+                );
+                gaps.push(start - end);
+            }
+        }
+    }
+    gaps.sort_unstable();
+    let at = |q: f64| gaps[((gaps.len() - 1) as f64 * q) as usize];
+    format!(
+        "parent end -> child's first attempt p50 {} ms, p99 {} ms, max {} ms",
+        at(0.5),
+        at(0.99),
+        gaps[gaps.len() - 1]
+    )
 }

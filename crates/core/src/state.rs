@@ -182,6 +182,15 @@ pub enum Event {
     /// again (RetryTask): it goes back to READY with a fresh run budget of
     /// its retry policy's `max_attempts`, keeping its earlier attempts.
     Rerun,
+    /// A waiting workflow step's parents have all SUCCEEDED: it goes READY.
+    /// Only for a waiting step (PENDING without a `next_at`, see
+    /// [`crate::workflow::is_waiting`]), which [`Event::Due`] and
+    /// [`Event::Defer`] refuse: a stale due-time can never release a step.
+    Unblock,
+    /// [`Event::Rerun`] of a workflow step whose parents run again too
+    /// (RetryWorkflow): it goes back to waiting for them (PENDING without
+    /// a `next_at`, never due), not to READY.
+    RerunAfterParents,
 }
 
 /// A refused event: the task is left as it was.
@@ -252,6 +261,8 @@ impl Event {
             Event::Defer { .. } => "defer",
             Event::Cancel { .. } => "cancel",
             Event::Rerun => "run again",
+            Event::RerunAfterParents => "run again after its parents",
+            Event::Unblock => "be released by its parents",
         }
     }
 }
@@ -281,6 +292,12 @@ pub fn apply(
     if let Event::Rerun = event {
         return rerun(task, now).ok_or_else(illegal);
     }
+    if let Event::RerunAfterParents = event {
+        let mut t = rerun(task, now).ok_or_else(illegal)?;
+        enter(&mut t.task, Pending, now);
+        t.task.next_at = None;
+        return Ok(t);
+    }
     if task.state.is_terminal() {
         return Err(illegal());
     }
@@ -293,9 +310,17 @@ pub fn apply(
     next.callback = None;
     let mut change = AttemptChange::None;
 
+    let waiting = crate::workflow::is_waiting(task);
     match event {
+        Event::Unblock => {
+            if !waiting {
+                return Err(illegal());
+            }
+            enter(&mut next, Ready, now);
+            next.next_at = None;
+        }
         Event::Due => {
-            if !matches!(task.state, Pending | Retrying) {
+            if !matches!(task.state, Pending | Retrying) || waiting {
                 return Err(illegal());
             }
             enter(&mut next, Ready, now);
@@ -412,7 +437,9 @@ pub fn apply(
             }
         }
         Event::Defer { until } => {
-            if !matches!(task.state, Pending | Retrying) || task.next_at.is_some_and(|n| *until < n)
+            if !matches!(task.state, Pending | Retrying)
+                || waiting
+                || task.next_at.is_some_and(|n| *until < n)
             {
                 return Err(illegal());
             }
@@ -429,7 +456,9 @@ pub fn apply(
             };
             enter(&mut next, Cancelled, now);
         }
-        Event::Rerun => unreachable!("handled before the terminal check"),
+        Event::Rerun | Event::RerunAfterParents => {
+            unreachable!("handled before the terminal check")
+        }
     }
     Ok(Transition {
         task: next,

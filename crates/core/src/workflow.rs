@@ -1,6 +1,7 @@
 //! Workflows: a DAG of named steps, each a task. A step with parents is
 //! stored PENDING without a `next_at` (waiting: the scheduler never finds
-//! it due) and released to READY once every parent SUCCEEDED; its handler
+//! it due, and `Due`/`Defer` refuse it) and released to READY by
+//! `Event::Unblock` once every parent SUCCEEDED; its handler
 //! receives the parents' outputs by step name. What to do when a step
 //! fails is the workflow's [`FailurePolicy`].
 //!
@@ -24,8 +25,9 @@ pub const MAX_STEPS: usize = 10_000;
 /// What a failed step does to the rest of its workflow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub enum FailurePolicy {
-    /// Steps not yet started are cancelled; running ones are cancelled too
-    /// (their workers told to stop).
+    /// Every step that has not ended is cancelled (a running one's result
+    /// is then refused; its worker is told to stop when the node holding
+    /// its stream sees the change).
     #[default]
     CancelRemaining,
     /// Only the steps that depend on the failed one (they can never run)
@@ -286,7 +288,8 @@ pub fn is_waiting(task: &TaskRecord) -> bool {
 /// What [`advance`] decided.
 #[derive(Debug, Default, PartialEq)]
 pub struct Advance {
-    /// Waiting steps whose parents all succeeded: to READY (task ids).
+    /// Waiting steps whose parents all succeeded: to READY by
+    /// [`Event::Unblock`](crate::Event::Unblock) (task ids).
     pub release: Vec<String>,
     /// Steps to cancel (task ids), with the reason.
     pub cancel: Vec<(String, String)>,
@@ -384,6 +387,41 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
         WorkflowState::Succeeded
     };
     out
+}
+
+/// RetryWorkflow: the events that run again every step that FAILED, TIMED
+/// OUT or was CANCELLED — [`Event::Rerun`](crate::Event::Rerun) (to
+/// READY) for one whose parents all SUCCEEDED, else
+/// [`Event::RerunAfterParents`](crate::Event::RerunAfterParents) (to
+/// waiting) — by task id, in step order. A SUCCEEDED step is never among
+/// them; no step to re-run gives none.
+pub fn retry(steps: &[TaskRecord]) -> Vec<(String, crate::Event)> {
+    let succeeded: HashSet<&str> = steps
+        .iter()
+        .filter(|t| t.state == TaskState::Succeeded)
+        .filter_map(|t| Some(t.workflow.as_ref()?.step.as_str()))
+        .collect();
+    steps
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.state,
+                TaskState::Failed | TaskState::TimedOut | TaskState::Cancelled
+            )
+        })
+        .map(|t| {
+            let ready = t
+                .workflow
+                .as_ref()
+                .is_none_or(|w| w.depends_on.iter().all(|p| succeeded.contains(p.as_str())));
+            let event = if ready {
+                crate::Event::Rerun
+            } else {
+                crate::Event::RerunAfterParents
+            };
+            (t.id.clone(), event)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -204,7 +204,8 @@ pub fn need_of(path: &str, open_reflection: bool) -> Option<Need> {
             | "GetStats"
             | "PreviewSchedule"
             | "GetWorkflow"
-            | "ListWorkflows" => Need::Read,
+            | "ListWorkflows"
+            | "WatchWorkflow" => Need::Read,
             "AckTask" => Need::Work,
             // Draining a worker is an operator's act, not a submitter's.
             "DrainWorker" => Need::Admin,

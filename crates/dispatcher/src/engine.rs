@@ -298,6 +298,9 @@ pub async fn run(
             _ = shared.wake.notified() => {}
             _ = tick.tick() => ready_changed(),
             change = changes.recv() => {
+                if let Ok(c) = &change {
+                    stop_if_cancelled(&shared, c);
+                }
                 match change {
                     Ok(c) if !may_be_claimable(&c) => continue,
                     _ => ready_changed(),
@@ -311,7 +314,11 @@ pub async fn run(
         // Coalesce: one round serves every change already queued (a burst
         // of new tasks from one commit costs one claim, not one each).
         loop {
-            match changes.try_recv() {
+            let change = changes.try_recv();
+            if let Ok(c) = &change {
+                stop_if_cancelled(&shared, c);
+            }
+            match change {
                 Ok(c) if !may_be_claimable(&c) => {}
                 Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {
                     ready_changed()
@@ -322,6 +329,21 @@ pub async fn run(
         if let Err(err) = dispatch_round(&shared).await {
             warn!(error = %err, "dispatch round failed");
         }
+    }
+}
+
+/// A task cancelled by a commit anywhere in the cluster (CancelTask on
+/// another replica, a workflow's failure policy or cancel) whose attempt a
+/// stream of this node still holds: the slot is freed and the worker told
+/// to stop. A cancel this node made itself has already freed its slot, so
+/// nothing is found and nothing is sent twice.
+fn stop_if_cancelled(shared: &Shared, change: &taskmesh_store::TaskChange) {
+    if change.state != TaskState::Cancelled {
+        return;
+    }
+    if let Some(execution_id) = shared.registry.execution_of_task(&change.task_id) {
+        shared.take_back_attempt(&change.task_id, &execution_id, "task cancelled");
+        shared.wake.notify_one();
     }
 }
 

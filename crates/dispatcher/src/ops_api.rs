@@ -76,6 +76,12 @@ pub(crate) async fn retry(
     if !before.state.is_terminal() {
         return Ok((before, false));
     }
+    if let Some(w) = &before.workflow {
+        return Err(Error::FailedPrecondition(format!(
+            "task {id} is step {:?} of workflow {}: retry it with RetryWorkflow, which runs again what depends on it too",
+            w.step, w.workflow_id
+        )));
+    }
     if before.state == TaskState::Succeeded {
         return Err(Error::FailedPrecondition(format!(
             "task {id} SUCCEEDED: only a task that failed, timed out or was cancelled is retried"

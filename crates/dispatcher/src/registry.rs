@@ -115,7 +115,8 @@ struct Session {
     seq: u64,
     ring_id: u64,
     labels: Arc<BTreeMap<String, String>>,
-    in_flight: HashSet<String>,
+    /// Attempts in flight: execution id → task id.
+    in_flight: HashMap<String, String>,
     busy: bool,
     draining: bool,
     closed: bool,
@@ -236,7 +237,7 @@ impl Registry {
             seq,
             ring_id: hash::str64(&reg.worker_id),
             labels: Arc::new(reg.labels.clone()),
-            in_flight: HashSet::new(),
+            in_flight: HashMap::new(),
             busy: false,
             draining: false,
             closed: false,
@@ -272,7 +273,7 @@ impl Registry {
         for h in &session.reg.handlers {
             inner.leave_pool(&session.reg.namespace, h, session.seq);
         }
-        let execs: Vec<String> = session.in_flight.into_iter().collect();
+        let execs: Vec<String> = session.in_flight.into_keys().collect();
         for e in &execs {
             inner.owners.remove(e);
         }
@@ -448,7 +449,9 @@ impl Registry {
                 inner.refresh(&session_id);
                 continue;
             }
-            session.in_flight.insert(execution_id.to_string());
+            session
+                .in_flight
+                .insert(execution_id.to_string(), task.id.clone());
             let worker_id = session.reg.worker_id.clone();
             inner
                 .owners
@@ -488,6 +491,18 @@ impl Registry {
         let tx = session.reg.tx.clone();
         inner.refresh(&session_id);
         Some(Ended { session_id, tx })
+    }
+
+    /// The attempt of task `task_id` that a stream of this node holds, if
+    /// any (a scan of the attempts in flight: for cancels, which are rare).
+    pub fn execution_of_task(&self, task_id: &str) -> Option<String> {
+        let inner = self.lock();
+        inner.sessions.values().find_map(|s| {
+            s.in_flight
+                .iter()
+                .find(|(_, t)| t.as_str() == task_id)
+                .map(|(e, _)| e.clone())
+        })
     }
 
     /// The sender of the stream that holds `execution_id`.

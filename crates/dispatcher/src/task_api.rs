@@ -979,4 +979,24 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         let answer = workflow_api::cancel(&self.shared, &namespace, request.into_inner()).await?;
         Ok(Response::new(answer))
     }
+
+    async fn retry_workflow(
+        &self,
+        request: Request<pb::RetryWorkflowRequest>,
+    ) -> Result<Response<pb::RetryWorkflowResponse>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let answer = workflow_api::retry(&self.shared, &namespace, request.into_inner()).await?;
+        Ok(Response::new(answer))
+    }
+
+    type WatchWorkflowStream = workflow_api::WatchStream;
+
+    async fn watch_workflow(
+        &self,
+        request: Request<pb::WatchWorkflowRequest>,
+    ) -> Result<Response<Self::WatchWorkflowStream>, Status> {
+        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let stream = workflow_api::watch(&self.shared, &namespace, request.into_inner()).await?;
+        Ok(Response::new(stream))
+    }
 }

@@ -281,3 +281,96 @@ pub(crate) async fn cancel(
         workflow: Some(to_pb(&workflow)),
     })
 }
+
+/// RetryWorkflow in `namespace`.
+pub(crate) async fn retry(
+    shared: &Shared,
+    namespace: &str,
+    req: pb::RetryWorkflowRequest,
+) -> Result<pb::RetryWorkflowResponse, Error> {
+    let id = workflow_id_of(&req.workflow_id)?;
+    load_in(shared, namespace, &id).await?;
+    let now = shared.clock.now_millis();
+    let (workflow, rerun) = shared.store.retry_workflow(&id, now).await?;
+    if rerun > 0 {
+        info!(workflow_id = %id, steps = rerun, "workflow retried");
+        shared.wake.notify_one();
+    }
+    Ok(pb::RetryWorkflowResponse {
+        workflow: Some(to_pb(&workflow)),
+        rerun_steps: rerun,
+    })
+}
+
+/// The stream of WatchWorkflow.
+pub(crate) type WatchStream = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<pb::WatchWorkflowResponse, tonic::Status>> + Send>,
+>;
+
+/// WatchWorkflow in `namespace`: the workflow first, then again after each
+/// committed change of one of its steps (the workflow's own state changes
+/// in the same transactions) that changed what it shows, until it has
+/// ended; re-read every second as well.
+pub(crate) async fn watch(
+    shared: &Shared,
+    namespace: &str,
+    req: pb::WatchWorkflowRequest,
+) -> Result<WatchStream, Error> {
+    use tokio::sync::broadcast::error::RecvError;
+    let id = workflow_id_of(&req.workflow_id)?;
+    // Subscribe before the first read, so no change falls between them.
+    let mut changes = shared.store.subscribe();
+    let first = load_in(shared, namespace, &id).await?;
+    let slot = shared.quotas.watch(namespace)?;
+    let store = shared.store.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        let _slot = slot;
+        let steps: std::collections::HashSet<String> =
+            first.steps.iter().map(|t| t.id.clone()).collect();
+        let mut last = to_pb(&first);
+        let mut done = first.state.is_terminal();
+        let send = |w: pb::Workflow| pb::WatchWorkflowResponse { workflow: Some(w) };
+        if tx.send(Ok(send(last.clone()))).await.is_err() {
+            return;
+        }
+        // A re-read now and then: a change lost by a store without a
+        // cross-replica feed (or a lagging one) costs at most this.
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        while !done {
+            let must_read = tokio::select! {
+                _ = tx.closed() => return,
+                _ = tick.tick() => true,
+                change = changes.recv() => match change {
+                    Ok(c) => steps.contains(&c.task_id),
+                    Err(RecvError::Lagged(_)) => true,
+                    Err(RecvError::Closed) => return,
+                },
+            };
+            if !must_read {
+                continue;
+            }
+            match store.get_workflow(&id).await {
+                Ok(Some(w)) => {
+                    done = w.state.is_terminal();
+                    let now = to_pb(&w);
+                    if now != last {
+                        last = now.clone();
+                        if tx.send(Ok(send(now))).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Ok(None) => return,
+                Err(err) => {
+                    tracing::warn!(workflow_id = %id, error = %err, "workflow watch read failed");
+                    let _ = tx.send(Err(tonic::Status::from(Error::from(err)))).await;
+                    return;
+                }
+            }
+        }
+    });
+    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}

@@ -122,6 +122,7 @@ macro_rules! cluster_conformance_suite {
             changes_reach_the_other_replica_once,
             store_clock_follows_the_database_clock,
             two_replicas_never_exceed_a_concurrency_limit,
+            two_replicas_ending_parents_at_once_release_each_child_once,
         );
     };
 }
@@ -300,4 +301,5 @@ pub use scheduling::{due_tasks_after_run_at, in_flight_by_worker, ready_counts_b
 pub use workflows::{
     a_diamond_workflow_releases_each_step_once_with_its_parents_outputs,
     a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest,
+    two_replicas_ending_parents_at_once_release_each_child_once,
 };

@@ -36,6 +36,11 @@ pub enum Error {
     /// same write succeeds once space returns.
     #[error("store out of disk space: {0}")]
     StorageFull(String),
+    /// The request is well formed but what it names is not in a state
+    /// that allows it (a workflow with a callback still to deliver, or
+    /// steps retention removed).
+    #[error("{0}")]
+    FailedPrecondition(String),
     /// Anything else: corrupt rows, bugs.
     #[error("store error: {0}")]
     Internal(String),
@@ -54,6 +59,7 @@ impl Error {
             Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
             Error::Unavailable(m) => Error::Unavailable(m.clone()),
             Error::StorageFull(m) => Error::StorageFull(m.clone()),
+            Error::FailedPrecondition(m) => Error::FailedPrecondition(m.clone()),
             Error::Internal(m) => Error::Internal(m.clone()),
         }
     }
@@ -79,6 +85,7 @@ impl Error {
             Error::Unavailable(_) => ErrorCode::Unavailable,
             Error::StorageFull(_) => ErrorCode::ResourceExhausted,
             Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Error::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
             Error::Internal(_) => ErrorCode::Internal,
         }
     }

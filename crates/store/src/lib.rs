@@ -430,6 +430,14 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<WorkflowRecord>>;
 
+    /// Workflows: RetryWorkflow — runs again every step of workflow `id`
+    /// that FAILED, TIMED_OUT or was CANCELLED (to READY when its parents
+    /// all SUCCEEDED, else back to waiting), never a SUCCEEDED one, and
+    /// makes the workflow RUNNING, in one transaction. Returns it with its
+    /// steps and how many run again (0: nothing to re-run, nothing
+    /// written). [`Error::NotFound`] for no such workflow.
+    async fn retry_workflow(&self, id: &str, now: UnixMillis) -> Result<(WorkflowRecord, u32)>;
+
     /// Workflows: cancels workflow `id` (every step not ended is cancelled,
     /// the workflow CANCELLED with `reason`) in one transaction; one that
     /// has ended is returned as it is. Returns it with its steps, and the

@@ -405,6 +405,10 @@ impl<S: Store> Store for Metered<S> {
         .await
     }
 
+    async fn retry_workflow(&self, id: &str, now: UnixMillis) -> Result<(WorkflowRecord, u32)> {
+        timed("retry_workflow", self.inner.retry_workflow(id, now)).await
+    }
+
     async fn cancel_workflow(
         &self,
         id: &str,

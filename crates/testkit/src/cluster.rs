@@ -290,6 +290,72 @@ pub async fn submit_load(urls: Vec<String>, load: Load) -> Vec<String> {
     accepted
 }
 
+/// Submits `n` diamond workflows (a → b, c → d, each step a `sleep` of
+/// `task_ms` with [`retry_policy`]), one per `every`, one replica after the
+/// other; a refused submit is sent again with the same client request id
+/// to the next replica (60 s at most). Returns the workflow ids, and the
+/// ids of every step's task.
+pub async fn submit_workflows(
+    urls: Vec<String>,
+    n: usize,
+    every: Duration,
+    task_ms: u64,
+    prefix: String,
+) -> (Vec<String>, Vec<String>) {
+    let clients: Vec<_> = urls.iter().map(|u| lazy_client(u)).collect();
+    let payload = format!(r#"{{"ms":{task_ms}}}"#).into_bytes();
+    let step = |name: &str, deps: &[&str]| pb::WorkflowStepSpec {
+        name: name.into(),
+        depends_on: deps.iter().map(|d| d.to_string()).collect(),
+        template: Some(pb::TaskTemplate {
+            handler: "sleep".into(),
+            payload: Some(pb::Payload {
+                data: payload.clone(),
+                content_type: "application/json".into(),
+            }),
+            retry_policy: Some(retry_policy()),
+            ..Default::default()
+        }),
+    };
+    let mut pace = tokio::time::interval(every);
+    let (mut workflows, mut steps) = (Vec::with_capacity(n), Vec::with_capacity(4 * n));
+    for i in 0..n {
+        pace.tick().await;
+        let request = pb::SubmitWorkflowRequest {
+            steps: vec![
+                step("a", &[]),
+                step("b", &["a"]),
+                step("c", &["a"]),
+                step("d", &["b", "c"]),
+            ],
+            client_request_id: format!("{prefix}-{i}"),
+            ..Default::default()
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut target = i;
+        let answer = loop {
+            let mut c = clients[target % clients.len()].clone();
+            match c.submit_workflow(request.clone()).await {
+                Ok(r) => break r.into_inner(),
+                Err(status) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "workflow {i} refused for 60 s, last: {status}"
+                    );
+                    target += 1;
+                    // Retry pacing of a condition with a deadline.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        let w = answer.workflow.expect("the workflow");
+        assert_eq!(w.steps.len(), 4, "workflow {i} has its four steps");
+        steps.extend(w.steps.into_iter().map(|s| s.task_id));
+        workflows.push(answer.workflow_id);
+    }
+    (workflows, steps)
+}
+
 /// The replica holding the lease (exactly one reports it), within 20 s.
 pub async fn leader_index(replicas: &[Replica]) -> usize {
     wait_for("exactly one leader", Duration::from_secs(20), || async {

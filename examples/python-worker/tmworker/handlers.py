@@ -43,6 +43,9 @@ class Task:
     payload: bytes
     content_type: str
     labels: Dict[str, str]
+    # A workflow step's name, and its parents' outputs by step name.
+    workflow_step: str = ""
+    parent_outputs: Dict[str, "Output"] = field(default_factory=dict)
     cancelled: threading.Event = field(default_factory=threading.Event)
     _lines: List[Tuple[float, str, str]] = field(default_factory=list)
     _dropped: int = 0
@@ -107,6 +110,19 @@ def log_lines(task: Task) -> Output:
     return Output(json.dumps({"logged": n}).encode(), "application/json")
 
 
+def sum_parents(task: Task) -> Output:
+    """A workflow step that uses its parents' outputs: adds its payload's
+    `{"n": N}` to the `n` of each parent's output (`task.parent_outputs`,
+    by step name) and returns `{"n": total, "parents": [names]}`."""
+    total = int(json.loads(task.payload or b"{}").get("n", 0))
+    for step, out in sorted(task.parent_outputs.items()):
+        value = int(json.loads(out.data or b"{}").get("n", 0))
+        task.log(f"step {task.workflow_step}: parent {step} gave {value}")
+        total += value
+    body = {"n": total, "parents": sorted(task.parent_outputs)}
+    return Output(json.dumps(body).encode(), "application/json")
+
+
 def fail(task: Task) -> Output:
     """Fails with `{"message": ..., "retryable": bool}`."""
     spec = json.loads(task.payload or b"{}")
@@ -114,4 +130,4 @@ def fail(task: Task) -> Output:
 
 
 BUILTIN: Dict[str, Handler] = {"echo": echo, "py.echo": echo, "py.sleep": sleep, "py.fail": fail,
-                               "py.log": log_lines}
+                               "py.log": log_lines, "py.sum": sum_parents}

@@ -33,7 +33,7 @@ from typing import Dict, Optional
 
 import grpc
 
-from .handlers import Handler, Task
+from .handlers import Handler, Output, Task
 from .logs import log_messages
 from .session import LOG_FLUSH, CpuIdle, event, run_handler
 from .stubs import dispatcher_pb2_grpc, logs_pb2, pb, worker_pb2, worker_pb2_grpc
@@ -100,7 +100,9 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
             if not self.slots.acquire(blocking=False):
                 return self._refuse(pb.REJECT_REASON_BUSY, f"all {self.capacity} slots are taken")
             task = Task(a.task_id, a.attempt, a.execution_id, a.handler, a.payload.data,
-                        a.payload.content_type, dict(a.labels))
+                        a.payload.content_type, dict(a.labels), a.workflow_step,
+                        {step: Output(p.data, p.content_type)
+                         for step, p in a.parent_outputs.items()})
             self.inflight[a.execution_id] = task
             self.report_secrets[a.execution_id] = a.report_secret
             session_id = request.session_id or self.session_id

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Dict, Optional
 
-from .handlers import Handler, HandlerError, Task
+from .handlers import Handler, HandlerError, Output, Task
 from .logs import log_messages
 from .stubs import pb, task_pb2
 
@@ -209,7 +209,9 @@ class Session:
                 return self._reject_locked(a, pb.REJECT_REASON_BUSY,
                                            f"all {w.capacity} slots are taken")
             task = Task(a.task_id, a.attempt, a.execution_id, a.handler, a.payload.data,
-                        a.payload.content_type, dict(a.labels))
+                        a.payload.content_type, dict(a.labels), a.workflow_step,
+                        {step: Output(p.data, p.content_type)
+                         for step, p in a.parent_outputs.items()})
             self.inflight[a.execution_id] = task
             # The ACK is queued before the handler can finish, so the server
             # always reads it before the result.

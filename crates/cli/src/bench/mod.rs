@@ -12,6 +12,7 @@ mod load;
 mod scratch;
 mod skew;
 mod throughput;
+mod workflows;
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -39,6 +40,10 @@ pub enum Scenario {
     /// memory per connected worker, and the latency at `--rate` (default
     /// 1000/s) with and without them.
     Workers,
+    /// `--tasks` workflows (default 10000) of ten `echo` steps (a root,
+    /// eight children, a join): steps/s and the step release latency
+    /// (last parent's end → the step dispatched / running).
+    Workflows,
 }
 
 /// Output forms.
@@ -60,7 +65,8 @@ pub struct BenchArgs {
     #[arg(long, short, value_enum, default_value_t = BenchOutput::Table)]
     output: BenchOutput,
     /// Tasks per run (skew: default 1000; throughput: default 100000;
-    /// fairness: the flood, default 200000).
+    /// fairness: the flood, default 200000; workflows: workflows, default
+    /// 10000).
     #[arg(long)]
     tasks: Option<usize>,
     #[command(flatten)]
@@ -138,6 +144,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             match args.output {
                 BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
                 BenchOutput::Table => fleet::print(&report),
+            }
+        }
+        Scenario::Workflows => {
+            let n = args.tasks.unwrap_or(workflows::DEFAULT_WORKFLOWS);
+            let report = workflows::run(&args.load, n).await?;
+            match args.output {
+                BenchOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                BenchOutput::Table => workflows::print(&report),
             }
         }
         Scenario::Latency => {

@@ -105,6 +105,13 @@ fn a_diamond_releases_in_order_and_succeeds() {
     let mut steps = diamond(1000);
     assert_eq!(steps[0].state, TaskState::Ready);
     assert!(steps[1..].iter().all(is_waiting));
+    // Only its parents release a waiting step: a due-time never does.
+    assert!(apply(&steps[1], &Event::Due, 1001).is_err());
+    assert!(apply(&steps[1], &Event::Defer { until: 1001 }, 1001).is_err());
+    assert!(
+        apply(&steps[0], &Event::Unblock, 1001).is_err(),
+        "a is not waiting"
+    );
     let none = advance(&steps, FailurePolicy::CancelRemaining, false);
     assert!(none.release.is_empty() && none.cancel.is_empty());
     assert_eq!(none.state, WorkflowState::Running);
@@ -113,7 +120,7 @@ fn a_diamond_releases_in_order_and_succeeds() {
     let a = advance(&steps, FailurePolicy::CancelRemaining, false);
     assert_eq!(a.release, vec![steps[1].id.clone(), steps[2].id.clone()]);
     for i in [1, 2] {
-        steps[i] = apply(&steps[i], &Event::Due, 1002).unwrap().task;
+        steps[i] = apply(&steps[i], &Event::Unblock, 1002).unwrap().task;
     }
     run(&mut steps[1], true, 1003);
     // d waits for c.
@@ -125,7 +132,7 @@ fn a_diamond_releases_in_order_and_succeeds() {
     run(&mut steps[2], true, 1004);
     let a = advance(&steps, FailurePolicy::CancelRemaining, false);
     assert_eq!(a.release, vec![steps[3].id.clone()]);
-    steps[3] = apply(&steps[3], &Event::Due, 1005).unwrap().task;
+    steps[3] = apply(&steps[3], &Event::Unblock, 1005).unwrap().task;
     run(&mut steps[3], true, 1006);
     let a = advance(&steps, FailurePolicy::CancelRemaining, false);
     assert_eq!(a.state, WorkflowState::Succeeded);
@@ -139,7 +146,7 @@ fn a_failure_cancels_the_rest_or_only_what_depends_on_it() {
         let mut steps = diamond(1000);
         run(&mut steps[0], true, 1001);
         for i in [1, 2] {
-            steps[i] = apply(&steps[i], &Event::Due, 1002).unwrap().task;
+            steps[i] = apply(&steps[i], &Event::Unblock, 1002).unwrap().task;
         }
         run(&mut steps[1], false, 1003);
         steps
@@ -176,4 +183,36 @@ fn a_cancelled_workflow_cancels_every_step_not_ended() {
     let a = advance(&steps, FailurePolicy::ContinueIndependent, true);
     assert_eq!(a.cancel.len(), 3);
     assert_eq!(a.state, WorkflowState::Cancelled);
+}
+
+#[test]
+fn a_retry_reruns_what_did_not_succeed_and_waits_below_it() {
+    // a succeeded, b failed, c ran on, d was cancelled (b's child).
+    let mut steps = diamond(1000);
+    run(&mut steps[0], true, 1001);
+    for i in [1, 2] {
+        steps[i] = apply(&steps[i], &Event::Unblock, 1002).unwrap().task;
+    }
+    run(&mut steps[1], false, 1003);
+    run(&mut steps[2], true, 1004);
+    steps[3] = apply(&steps[3], &Event::Cancel { reason: "x".into() }, 1005)
+        .unwrap()
+        .task;
+    let events = retry(&steps);
+    assert_eq!(
+        events,
+        vec![
+            (steps[1].id.clone(), Event::Rerun),
+            (steps[3].id.clone(), Event::RerunAfterParents),
+        ]
+    );
+    let b = apply(&steps[1], &events[0].1, 1006).unwrap().task;
+    assert_eq!(b.state, TaskState::Ready);
+    let d = apply(&steps[3], &events[1].1, 1006).unwrap().task;
+    assert!(is_waiting(&d), "d waits for b again");
+    assert!(
+        apply(&steps[0], &Event::RerunAfterParents, 1006).is_err(),
+        "never a success"
+    );
+    assert!(retry(&diamond(1000)).is_empty(), "nothing to re-run");
 }

@@ -1,6 +1,8 @@
 //! Conformance scenarios: workflows, released and cancelled in the
 //! transaction that ends a step.
 
+use std::sync::Arc;
+
 use taskmesh_core::id::{new_execution_id, new_task_id};
 use taskmesh_core::workflow::{FailurePolicy, StepLink, WorkflowRecord, WorkflowState};
 use taskmesh_core::{Event, NewTask, TaskRecord, TaskState};
@@ -222,8 +224,9 @@ pub async fn a_diamond_workflow_releases_each_step_once_with_its_parents_outputs
 /// A failed step under CANCEL_REMAINING cancels every step not ended (the
 /// running sibling included) and fails the workflow; under
 /// CONTINUE_INDEPENDENT only what depends on it is cancelled and the
-/// independent branch runs to its end. CancelWorkflow cancels the rest and
-/// names the steps that were in flight.
+/// independent branch runs to its end; RetryWorkflow then re-runs the
+/// failed step and the one below it, never a success. CancelWorkflow
+/// cancels the rest and names the steps that were in flight.
 pub async fn a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest(
     fixture: &dyn StoreFixture,
 ) {
@@ -274,6 +277,37 @@ pub async fn a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest
                 let ended = wf(store, &id).await;
                 assert_eq!(ended.state, WorkflowState::Failed);
                 assert_eq!(ended.steps[2].state, TaskState::Succeeded);
+                // RetryWorkflow: b runs again, d waits for it again; a and
+                // c, which succeeded, do not.
+                let (retried, n) = store.retry_workflow(&id, T0 + 3).await.expect("retry");
+                assert_eq!(n, 2);
+                assert_eq!(
+                    (retried.state, retried.message.as_str()),
+                    (WorkflowState::Running, "")
+                );
+                assert_eq!(
+                    states(&retried),
+                    [
+                        ("a".into(), TaskState::Succeeded),
+                        ("b".into(), TaskState::Ready),
+                        ("c".into(), TaskState::Succeeded),
+                        ("d".into(), TaskState::Pending),
+                    ]
+                );
+                let b = claim(store, handler).await;
+                assert_eq!(b.iter().map(name).collect::<Vec<_>>(), ["b"]);
+                finish(store, &b[0], true).await;
+                let d = claim(store, handler).await;
+                assert_eq!(d.iter().map(name).collect::<Vec<_>>(), ["d"]);
+                assert_eq!(d[0].workflow.as_ref().unwrap().parent_outputs.len(), 2);
+                finish(store, &d[0], true).await;
+                assert_eq!(wf(store, &id).await.state, WorkflowState::Succeeded);
+                let (same, n) = store.retry_workflow(&id, T0 + 4).await.expect("again");
+                assert_eq!(
+                    (same.state, n),
+                    (WorkflowState::Succeeded, 0),
+                    "nothing to re-run"
+                );
             }
         }
     }
@@ -329,4 +363,141 @@ pub async fn a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest
         matches!(missing, Err(crate::Error::NotFound(_))),
         "{missing:?}"
     );
+}
+
+/// Two replicas end the parents of the same workflows at once, each in one
+/// batch that also ACKs a step of the workflows the other replica is
+/// ending: every child whose parents both succeeded is released exactly
+/// once (its one transition after creation), every failed workflow has its
+/// other steps cancelled, and neither batch fails (no deadlock: a step
+/// another transaction holds is cancelled after the commit).
+pub async fn two_replicas_ending_parents_at_once_release_each_child_once(
+    fixture: &dyn StoreFixture,
+) {
+    const N: usize = 12;
+    let (one, two) = (fixture.open().await, fixture.open().await);
+    let shape: &[(&str, &[&str])] = &[("x", &[]), ("y", &[]), ("z", &["x", "y"])];
+    for round in 0..3 {
+        // Round 0: everything succeeds; rounds 1 and 2: the x steps fail.
+        let fail = round > 0;
+        let handler = format!("wf-race-{round}");
+        let mut ids = Vec::new();
+        for i in 0..N {
+            let store = if i % 2 == 0 { &one } else { &two };
+            let (record, steps) = workflow(&handler, FailurePolicy::CancelRemaining, shape);
+            let created = store
+                .create_workflow(record, "fp", steps, T0)
+                .await
+                .expect("create");
+            ids.push(created.workflow.id);
+        }
+        let claimed = claim(one.as_ref(), &handler).await;
+        assert_eq!(claimed.len(), 2 * N);
+        let of = |wf: &str, step: &str| {
+            claimed
+                .iter()
+                .find(|t| {
+                    t.workflow
+                        .as_ref()
+                        .is_some_and(|w| w.workflow_id == wf && w.step == step)
+                })
+                .expect("claimed")
+                .clone()
+        };
+        let end = |t: &TaskRecord, ok: bool| {
+            let execution_id = t.execution_id.clone().expect("claimed");
+            let event = if ok {
+                Event::Succeed {
+                    execution_id,
+                    output: b"1".to_vec(),
+                    content_type: String::new(),
+                }
+            } else {
+                Event::Fail {
+                    execution_id,
+                    message: "x broke".into(),
+                    retryable: false,
+                    jitter: 0.0,
+                }
+            };
+            (t.id.clone(), event)
+        };
+        let ack = |t: &TaskRecord| {
+            let execution_id = t.execution_id.clone().expect("claimed");
+            (
+                t.id.clone(),
+                Event::Ack {
+                    execution_id,
+                    at: None,
+                },
+            )
+        };
+        // Replica one: x of the even workflows ends, y of the odd ones is
+        // ACKed; replica two the other way round; then the rest.
+        let (mut first, mut second) = (Vec::new(), Vec::new());
+        for (i, id) in ids.iter().enumerate() {
+            let (x, y) = (of(id, "x"), of(id, "y"));
+            if i % 2 == 0 {
+                first.push(end(&x, !fail));
+                second.push(ack(&y));
+            } else {
+                second.push(end(&x, !fail));
+                first.push(ack(&y));
+            }
+        }
+        let run = |store: Arc<dyn Store>, events: Vec<(String, Event)>| {
+            tokio::spawn(async move { store.transition_many(&events, T0 + 2, None).await })
+        };
+        let (a, b) = (run(Arc::clone(&one), first), run(Arc::clone(&two), second));
+        for (side, done) in [("one", a.await), ("two", b.await)] {
+            let results = done
+                .expect("joined")
+                .unwrap_or_else(|e| panic!("replica {side}: {e}"));
+            for r in results {
+                if !fail {
+                    r.unwrap_or_else(|e| panic!("replica {side}: {e}"));
+                }
+            }
+        }
+        if !fail {
+            // Now every y ends, half on each replica at once.
+            let (mut first, mut second) = (Vec::new(), Vec::new());
+            for (i, id) in ids.iter().enumerate() {
+                let y = get_task(two.as_ref(), &of(id, "y").id).await;
+                let e = end(&y, true);
+                if i % 2 == 0 {
+                    first.push(e)
+                } else {
+                    second.push(e)
+                }
+            }
+            let (a, b) = (run(Arc::clone(&one), first), run(Arc::clone(&two), second));
+            a.await.expect("joined").expect("replica one");
+            b.await.expect("joined").expect("replica two");
+        }
+        for id in &ids {
+            let w = wf(one.as_ref(), id).await;
+            let z = &w.steps[2];
+            if fail {
+                assert_eq!(w.state, WorkflowState::Failed, "round {round}: {w:?}");
+                assert!(
+                    w.steps.iter().all(|t| t.state.is_terminal()),
+                    "round {round}: every step ended: {:?}",
+                    states(&w)
+                );
+                assert_eq!(z.state, TaskState::Cancelled);
+            } else {
+                assert_eq!(z.state, TaskState::Ready, "round {round}: {:?}", states(&w));
+                assert_eq!(z.version, 2, "z was released by exactly one transition");
+            }
+        }
+    }
+}
+
+async fn get_task(store: &dyn Store, id: &str) -> TaskRecord {
+    store
+        .get_task(id)
+        .await
+        .expect("get_task")
+        .expect("the task")
 }

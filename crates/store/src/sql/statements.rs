@@ -141,13 +141,15 @@ pub struct Statements {
     pub get_workflow: String,
     pub lock_workflow: String,
     pub try_lock_workflow: String,
+    /// A task's row, locked only if no other transaction holds it.
+    pub try_lock_task: String,
     pub workflow_by_request_id: String,
     pub update_workflow: String,
     /// Workflows: the steps' tasks (in creation order), locked or not, and
     /// the outputs of those that succeeded.
     pub steps_of: String,
     pub lock_steps: String,
-    pub step_outputs: String,
+    pub step_outputs: Ladder,
     /// Workflows newest first in a namespace; index: 1 = by state, 2 =
     /// before an id.
     pub list_workflows: [String; 4],
@@ -462,7 +464,8 @@ impl Statements {
             delete_ended: Ladder::new(d, |d, n| {
                 d.render(&format!(
                     "DELETE FROM tasks WHERE state IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', \
-                     'CANCELLED') AND id IN ({})",
+                     'CANCELLED') AND id IN ({}) AND NOT EXISTS (SELECT 1 FROM workflows w \
+                     WHERE w.id = tasks.workflow_id AND w.state = 'RUNNING')",
                     marks(n)
                 ))
             }),
@@ -553,6 +556,7 @@ impl Statements {
                 "SELECT {WORKFLOW_COLUMNS} FROM workflows WHERE id = ?{{lock}}"
             )),
             try_lock_workflow: r("SELECT id FROM workflows WHERE id = ?{skip_locked}"),
+            try_lock_task: r("SELECT id FROM tasks WHERE id = ?{skip_locked}"),
             workflow_by_request_id: r(&format!(
                 "SELECT {WORKFLOW_COLUMNS} FROM workflows \
                  WHERE namespace = ? AND client_request_id = ?"
@@ -567,10 +571,13 @@ impl Statements {
             lock_steps: r(&format!(
                 "SELECT {TASK_READ} FROM tasks WHERE workflow_id = ? ORDER BY id{{lock}}"
             )),
-            step_outputs: r(
-                "SELECT workflow_step, output, output_content_type FROM tasks \
-                 WHERE workflow_id = ? AND state = 'SUCCEEDED'",
-            ),
+            step_outputs: Ladder::new(d, |d, n| {
+                d.render(&format!(
+                    "SELECT workflow_step, output, output_content_type FROM tasks \
+                     WHERE workflow_id = ? AND state = 'SUCCEEDED' AND workflow_step IN ({})",
+                    marks(n)
+                ))
+            }),
             list_workflows: std::array::from_fn(|i| {
                 let mut sql =
                     format!("SELECT {WORKFLOW_COLUMNS} FROM workflows WHERE namespace = ?");

@@ -337,6 +337,10 @@ impl<B: Backend> Store for SqlStore<B> {
             .await
     }
 
+    async fn retry_workflow(&self, id: &str, now: UnixMillis) -> Result<(WorkflowRecord, u32)> {
+        self.retry_workflow_sql(id, now).await
+    }
+
     async fn cancel_workflow(
         &self,
         id: &str,

@@ -246,10 +246,13 @@ impl<B: Backend> SqlStore<B> {
         let changes: Vec<TaskChange> = results
             .iter()
             .flatten()
-            .chain(&advanced)
+            .chain(&advanced.changed)
             .map(TaskChange::of)
             .collect();
         self.publish(&changes, &[]);
+        if !advanced.deferred.is_empty() {
+            self.finish_cancels(&advanced.deferred, now).await;
+        }
         Ok(results)
     }
 
@@ -278,10 +281,13 @@ impl<B: Backend> SqlStore<B> {
         let changes: Vec<TaskChange> = results
             .iter()
             .flatten()
-            .chain(&advanced)
+            .chain(&advanced.changed)
             .map(TaskChange::of)
             .collect();
         self.publish(&changes, &[]);
+        if !advanced.deferred.is_empty() {
+            self.finish_cancels(&advanced.deferred, now).await;
+        }
         Ok(results)
     }
 }

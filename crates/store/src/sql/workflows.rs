@@ -22,12 +22,13 @@
 use std::collections::HashMap;
 
 use taskmesh_core::workflow::{self as wf, ParentOutput, WorkflowRecord, WorkflowState};
-use taskmesh_core::{Event, NewTask, TaskRecord, TaskState, UnixMillis};
+use taskmesh_core::{CallbackState, Event, NewTask, TaskRecord, TaskState, UnixMillis};
 
 use super::backend::Backend;
-use super::tasks::{insert_rows, sql_limit};
+use super::dialect::in_lists;
+use super::tasks::{complete, insert_rows, sql_limit};
 use super::transitions::transition_one;
-use super::{SqlStore, args};
+use super::{SqlStore, Val, args};
 use crate::error::is_unique_violation;
 use crate::{Error, Result, TaskChange, decode};
 
@@ -109,37 +110,64 @@ async fn workflow_row<B: Backend>(
     rows.first().map(decode::workflow_row).transpose()
 }
 
-/// Advances each of workflows `ids` (their rows locked by the caller):
-/// releases the steps whose parents all succeeded, cancels what its
-/// failure policy (or a cancel) says, and writes its state. Returns every
-/// step it changed.
+/// What [`advance`] changed, and what it left for after the commit.
+#[derive(Debug, Default)]
+pub(super) struct Advanced {
+    /// Every step it changed.
+    pub changed: Vec<TaskRecord>,
+    /// Workflows with steps to cancel that another transaction held: the
+    /// caller finishes them after its commit ([`SqlStore::finish_cancels`]).
+    pub deferred: Vec<String>,
+}
+
+/// Advances each of workflows `ids` (their rows locked by the caller, who
+/// may hold task rows too): releases the steps whose parents all
+/// succeeded, cancels what its failure policy (or a cancel) says, and
+/// writes its state. A waiting step is only ever locked by a holder of its
+/// workflow, so it is locked here at once; a step to cancel that is not
+/// waiting may be held by a transaction that never waits for a workflow
+/// (a claim, an ACK batch holding it and waiting for a row this one
+/// holds), so it is taken `SKIP LOCKED` and, when held, left to
+/// [`SqlStore::finish_cancels`] after the commit: nothing here waits for a
+/// row while holding others, so no deadlock.
 pub(super) async fn advance<B: Backend>(
     b: &B,
     tx: &mut B::Tx,
     ids: &[String],
     now: UnixMillis,
-) -> Result<Vec<TaskRecord>> {
-    let mut changed = Vec::new();
+) -> Result<Advanced> {
+    let mut out = Advanced::default();
     for id in ids {
         let Some(workflow) = workflow_row(b, tx, id).await? else {
             continue;
         };
-        advance_one(b, tx, workflow, false, now, &mut changed).await?;
+        let (_, complete) =
+            advance_one(b, tx, workflow, false, false, now, &mut out.changed).await?;
+        if !complete {
+            out.deferred.push(id.clone());
+        }
     }
-    Ok(changed)
+    Ok(out)
 }
 
-/// [`advance`] of one workflow; `cancel` cancels it. Returns it as
-/// written, with its steps.
+/// [`advance`] of one workflow; `cancel` cancels it; `wait` lets it wait
+/// for the rows of steps to cancel (the caller holds no task row). Returns
+/// it as written, with its steps, and false when a cancel was left for
+/// later.
 async fn advance_one<B: Backend>(
     b: &B,
     tx: &mut B::Tx,
     mut workflow: WorkflowRecord,
     cancel: bool,
+    wait: bool,
     now: UnixMillis,
     changed: &mut Vec<TaskRecord>,
-) -> Result<WorkflowRecord> {
-    let mut steps = steps_of(b, tx, &workflow.id, true).await?;
+) -> Result<(WorkflowRecord, bool)> {
+    // Read, not locked: whether a step has ended or waits changes only
+    // under the workflow's row, which this transaction holds; the rest
+    // (READY, DISPATCHING, RUNNING) is read again under the row's lock by
+    // the transition that changes it.
+    let mut steps = steps_of(b, tx, &workflow.id, false).await?;
     let cancelled = cancel || workflow.state == WorkflowState::Cancelled;
     let plan = wf::advance(&steps, workflow.failure_policy, cancelled);
     let index: HashMap<String, usize> = steps
@@ -147,27 +175,40 @@ async fn advance_one<B: Backend>(
         .enumerate()
         .map(|(i, t)| (t.id.clone(), i))
         .collect();
-    let events = plan
-        .release
-        .iter()
-        .map(|id| (id, Event::Due))
-        .chain(plan.cancel.iter().map(|(id, reason)| {
-            (
-                id,
-                Event::Cancel {
-                    reason: reason.clone(),
-                },
-            )
-        }));
+    let mut complete = true;
+    let mut events: Vec<(&String, Event)> =
+        plan.release.iter().map(|id| (id, Event::Unblock)).collect();
+    for (id, reason) in &plan.cancel {
+        let waiting = index.get(id).is_some_and(|&i| wf::is_waiting(&steps[i]));
+        if !wait && !waiting {
+            let held = b.fetch(tx, &b.sql().try_lock_task, args![id]).await?;
+            if held.is_empty() {
+                complete = false;
+                continue;
+            }
+        }
+        let reason = reason.clone();
+        events.push((id, Event::Cancel { reason }));
+    }
     for (id, event) in events {
-        let task = transition_one(b, tx, id, &event, now).await?;
+        let task = match transition_one(b, tx, id, &event, now).await {
+            Ok(task) => task,
+            // It ended meanwhile (a result this transaction wrote first).
+            Err(Error::Transition(_)) => continue,
+            Err(err) => return Err(err),
+        };
         if let Some(&i) = index.get(id) {
             steps[i] = task.clone();
         }
         changed.push(task);
     }
-    let message = if cancel && workflow.message.is_empty() {
-        "workflow cancelled".to_string()
+    // A cancelled workflow keeps its caller's reason.
+    let message = if cancelled {
+        if workflow.message.is_empty() {
+            "workflow cancelled".to_string()
+        } else {
+            workflow.message.clone()
+        }
     } else if plan.message.is_empty() {
         workflow.message.clone()
     } else {
@@ -191,7 +232,7 @@ async fn advance_one<B: Backend>(
         workflow.ended_at = ended_at;
     }
     workflow.steps = steps;
-    Ok(workflow)
+    Ok((workflow, complete))
 }
 
 /// Fills in the parents' outputs of the claimed steps among `tasks`.
@@ -207,16 +248,17 @@ pub(super) async fn fill_parent_outputs<B: Backend>(
         if link.depends_on.is_empty() {
             continue;
         }
-        let rows = b
-            .fetch(tx, &b.sql().step_outputs, args![&link.workflow_id])
-            .await?;
+        let mut rows = Vec::new();
+        for list in in_lists(&link.depends_on) {
+            let n = list.len();
+            let mut values = args![&link.workflow_id];
+            values.extend(list.into_iter().map(Val::from));
+            rows.extend(b.fetch(tx, b.sql().step_outputs.get(n), values).await?);
+        }
         let mut outputs = Vec::with_capacity(link.depends_on.len());
         for row in &rows {
             let step = decode::Columns::text(row, "workflow_step")
                 .map_err(|e| Error::Internal(format!("bad step output row: {e}")))?;
-            if !link.depends_on.contains(&step) {
-                continue;
-            }
             outputs.push(ParentOutput {
                 step,
                 data: decode::Columns::opt_bytes(row, "output")
@@ -342,6 +384,32 @@ impl<B: Backend> SqlStore<B> {
         }))
     }
 
+    /// Finishes the cancels [`advance`] left for after a commit: a
+    /// transaction of its own that locks the workflows first and then
+    /// waits for their steps' rows. A failure is logged, not returned (the
+    /// caller's own write is committed); the next step of the workflow to
+    /// end advances it again.
+    pub(super) async fn finish_cancels(&self, ids: &[String], now: UnixMillis) {
+        let run = async {
+            let b = self.backend();
+            let mut tx = b.begin_write().await?;
+            lock_workflows(b, &mut tx, ids).await?;
+            let mut changed = Vec::new();
+            for id in ids {
+                if let Some(w) = workflow_row(b, &mut tx, id).await? {
+                    advance_one(b, &mut tx, w, false, true, now, &mut changed).await?;
+                }
+            }
+            b.commit(tx).await?;
+            let changes: Vec<TaskChange> = changed.iter().map(TaskChange::of).collect();
+            self.publish(&changes, &[]);
+            Ok::<_, Error>(())
+        };
+        if let Err(err) = run.await {
+            tracing::warn!(workflows = ?ids, error = %err, "cancelling the rest of a failed workflow failed; its next step to end retries it");
+        }
+    }
+
     /// `Store::get_workflow`.
     pub(super) async fn get_workflow_sql(&self, id: &str) -> Result<Option<WorkflowRecord>> {
         let b = self.backend();
@@ -379,6 +447,74 @@ impl<B: Backend> SqlStore<B> {
         rows.iter().map(decode::workflow_row).collect()
     }
 
+    /// `Store::retry_workflow`.
+    pub(super) async fn retry_workflow_sql(
+        &self,
+        id: &str,
+        now: UnixMillis,
+    ) -> Result<(WorkflowRecord, u32)> {
+        let b = self.backend();
+        let mut tx = b.begin_write().await?;
+        let rows = b.fetch(&mut tx, &b.sql().lock_workflow, args![id]).await?;
+        let Some(row) = rows.first() else {
+            return Err(Error::NotFound(format!("workflow {id}")));
+        };
+        let mut workflow = decode::workflow_row(row)?;
+        let mut steps = steps_of(b, &mut tx, id, true).await?;
+        if steps.len() != workflow.step_count as usize {
+            return Err(Error::FailedPrecondition(format!(
+                "workflow {id} keeps {} of its {} steps (retention removed the others): it cannot run again",
+                steps.len(),
+                workflow.step_count
+            )));
+        }
+        let events = wf::retry(&steps);
+        for (task_id, _) in &events {
+            let Some(step) = steps.iter().find(|t| t.id == *task_id) else {
+                continue;
+            };
+            let step = complete(b, &mut tx, step.clone()).await?;
+            if step
+                .callback
+                .as_ref()
+                .is_some_and(|c| c.state == CallbackState::Pending)
+            {
+                let name = step.workflow.as_ref().map_or("", |w| w.step.as_str());
+                return Err(Error::FailedPrecondition(format!(
+                    "step {name:?}'s callback for its last end is still being delivered; retry once it is delivered or has failed"
+                )));
+            }
+        }
+        if events.is_empty() {
+            workflow.steps = steps;
+            b.commit(tx).await?;
+            return Ok((workflow, 0));
+        }
+        let mut changed = Vec::with_capacity(events.len());
+        for (task_id, event) in &events {
+            let task = transition_one(b, &mut tx, task_id, event, now).await?;
+            if let Some(slot) = steps.iter_mut().find(|t| t.id == *task_id) {
+                *slot = task.clone();
+            }
+            changed.push(task);
+        }
+        b.exec(
+            &mut tx,
+            &b.sql().update_workflow,
+            args![WorkflowState::Running.as_str(), "", now, None::<i64>, id],
+        )
+        .await?;
+        b.commit(tx).await?;
+        let changes: Vec<TaskChange> = changed.iter().map(TaskChange::of).collect();
+        self.publish(&changes, &[]);
+        workflow.state = WorkflowState::Running;
+        workflow.message.clear();
+        workflow.updated_at = now;
+        workflow.ended_at = None;
+        workflow.steps = steps;
+        Ok((workflow, u32::try_from(events.len()).unwrap_or(u32::MAX)))
+    }
+
     /// `Store::cancel_workflow`.
     pub(super) async fn cancel_workflow_sql(
         &self,
@@ -400,14 +536,15 @@ impl<B: Backend> SqlStore<B> {
         }
         workflow.message = reason.to_string();
         // Which steps were in flight, and on which attempt.
-        let before: HashMap<String, Option<String>> = steps_of(b, &mut tx, id, true)
+        let before: HashMap<String, Option<String>> = steps_of(b, &mut tx, id, false)
             .await?
             .into_iter()
             .filter(|t| t.state.is_in_flight())
             .map(|t| (t.id, t.execution_id))
             .collect();
         let mut changed = Vec::new();
-        let workflow = advance_one(b, &mut tx, workflow, true, now, &mut changed).await?;
+        let (workflow, _) =
+            advance_one(b, &mut tx, workflow, true, true, now, &mut changed).await?;
         b.commit(tx).await?;
         let changes: Vec<TaskChange> = changed.iter().map(TaskChange::of).collect();
         self.publish(&changes, &[]);
