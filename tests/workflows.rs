@@ -42,6 +42,17 @@ async fn finish(raw: &RawWorker, a: &pb::TaskAssignment, output: Option<&str>) {
     .await;
 }
 
+/// The next cancel the worker is sent (other messages skipped).
+async fn next_cancel(raw: &mut RawWorker) -> pb::TaskCancel {
+    loop {
+        match raw.next(LIMIT).await {
+            Some(Out::Cancel(c)) => return c,
+            Some(_) => continue,
+            None => panic!("the running step's worker was not told to cancel"),
+        }
+    }
+}
+
 /// The next `n` assignments, sorted by step name.
 async fn next_steps(raw: &mut RawWorker, n: usize) -> Vec<pb::TaskAssignment> {
     let mut got = raw.assigns(n).await;
@@ -244,13 +255,7 @@ async fn each_failure_policy_and_cancel_over_grpc() {
         finish(&raw, &bc[0], None).await;
         if policy == pb::FailurePolicy::CancelRemaining {
             // c was running: its worker is told to stop.
-            let told = loop {
-                match raw.next(LIMIT).await {
-                    Some(Out::Cancel(c)) => break c,
-                    Some(_) => continue,
-                    None => panic!("c's worker was not told to cancel"),
-                }
-            };
+            let told = next_cancel(&mut raw).await;
             assert_eq!(told.task_id, bc[1].task_id);
         }
         let deadline = tokio::time::Instant::now() + LIMIT;
@@ -344,13 +349,7 @@ async fn each_failure_policy_and_cancel_over_grpc() {
             .iter()
             .all(|s| s.state == pb::TaskState::Cancelled as i32)
     );
-    let told = loop {
-        match raw.next(LIMIT).await {
-            Some(Out::Cancel(c)) => break c,
-            Some(_) => continue,
-            None => panic!("the running step's worker was not told to cancel"),
-        }
-    };
+    let told = next_cancel(&mut raw).await;
     assert_eq!(told.task_id, a[0].task_id);
     assert_eq!(told.execution_id, a[0].execution_id);
     raw.close().await;

@@ -12,7 +12,7 @@ ALTER TABLE tasks
     ADD COLUMN workflow_id VARCHAR(64) NULL,
     ADD COLUMN workflow_step VARCHAR(128) NULL,
     ADD COLUMN depends_on LONGTEXT NULL;
-ALTER TABLE tasks ADD KEY tasks_workflow (workflow_id);
+ALTER TABLE tasks ADD KEY tasks_workflow (workflow_id, workflow_step);
 CREATE TABLE workflows (
     id                  VARCHAR(64)  NOT NULL PRIMARY KEY,   -- UUIDv7 text
     namespace           VARCHAR(64)  NOT NULL,

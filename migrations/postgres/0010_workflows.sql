@@ -10,7 +10,8 @@
 ALTER TABLE tasks ADD COLUMN workflow_id TEXT COLLATE "C" NULL;
 ALTER TABLE tasks ADD COLUMN workflow_step TEXT COLLATE "C" NULL;
 ALTER TABLE tasks ADD COLUMN depends_on TEXT NULL;
-CREATE INDEX tasks_workflow ON tasks (workflow_id) WHERE workflow_id IS NOT NULL;
+CREATE INDEX tasks_workflow ON tasks (workflow_id, workflow_step)
+    WHERE workflow_id IS NOT NULL;
 CREATE TABLE workflows (
     id                  TEXT COLLATE "C" NOT NULL PRIMARY KEY,  -- UUIDv7 text
     namespace           TEXT COLLATE "C" NOT NULL,

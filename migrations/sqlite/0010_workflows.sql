@@ -7,7 +7,8 @@
 ALTER TABLE tasks ADD COLUMN workflow_id TEXT NULL;
 ALTER TABLE tasks ADD COLUMN workflow_step TEXT NULL;
 ALTER TABLE tasks ADD COLUMN depends_on TEXT NULL;
-CREATE INDEX tasks_workflow ON tasks (workflow_id) WHERE workflow_id IS NOT NULL;
+CREATE INDEX tasks_workflow ON tasks (workflow_id, workflow_step)
+    WHERE workflow_id IS NOT NULL;
 CREATE TABLE workflows (
     id                  TEXT    NOT NULL PRIMARY KEY,   -- UUIDv7 text
     namespace           TEXT    NOT NULL,

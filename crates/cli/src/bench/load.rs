@@ -67,7 +67,8 @@ pub struct LoadArgs {
     #[arg(long, value_enum, default_value_t = WorkersAs::Processes)]
     pub workers_as: WorkersAs,
     /// Arrival rate in tasks/s: `latency` (default 1000) and `throughput
-    /// --mode continuous` (default: as fast as the node accepts).
+    /// --mode continuous` (default: as fast as the node accepts); for
+    /// `workflows`, workflows/s (default: as fast as the node accepts).
     #[arg(long)]
     pub rate: Option<f64>,
     /// How long `latency` submits.

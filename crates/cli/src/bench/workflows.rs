@@ -1,7 +1,10 @@
 //! `--scenario workflows`: `--tasks` workflows (default 10,000) of ten
 //! `echo` steps each — a root, eight steps that depend on it, and a join of
-//! the eight — submitted (`SubmitWorkflow`, four calls in flight) while
-//! `--workers` drain them. Reports steps and workflows completed per second
+//! the eight — submitted (`SubmitWorkflow`, four calls in flight, at
+//! `--rate` workflows per second if given, else as fast as accepted) while
+//! `--workers` drain them. Unpaced, the release latency includes the wait
+//! behind every step already READY; paced below the drain rate, it is the
+//! release itself. Reports steps and workflows completed per second
 //! (first to last step end, as the store recorded them) and the step
 //! release latency: from the instant a step's last parent ended (the
 //! parent's `ended_at`, the transaction that released the step) to the
@@ -39,6 +42,8 @@ pub struct WorkflowsReport {
     pub worker_concurrency: u32,
     /// Where the workers ran.
     pub workers_as: WorkersAs,
+    /// The submit pace asked for (`--rate`), workflows per second.
+    pub rate: Option<f64>,
     /// Workflows submitted per second while submitting.
     pub submit_per_s: f64,
     /// Workflows that SUCCEEDED.
@@ -83,16 +88,26 @@ fn request() -> pb::SubmitWorkflowRequest {
     }
 }
 
-/// Submits `n` workflows, four calls in flight; returns their ids.
+/// Submits `n` workflows, four calls in flight, at `rate` per second when
+/// given (else as fast as they are accepted); returns their ids.
 async fn submit(
     api: pb::task_api_client::TaskApiClient<tonic::transport::Channel>,
     n: usize,
+    rate: Option<f64>,
 ) -> anyhow::Result<Vec<String>> {
     let mut ids = Vec::with_capacity(n);
     let mut calls = tokio::task::JoinSet::new();
     let mut queued = 0;
+    let t0 = tokio::time::Instant::now();
     while queued < n || !calls.is_empty() {
         while queued < n && calls.len() < 4 {
+            if let Some(rate) = rate {
+                let due = t0 + std::time::Duration::from_secs_f64(queued as f64 / rate);
+                if tokio::time::Instant::now() < due {
+                    // Pacing of an open-loop arrival schedule.
+                    tokio::time::sleep_until(due).await;
+                }
+            }
             queued += 1;
             let mut api = api.clone();
             calls.spawn(async move { api.submit_workflow(request()).await });
@@ -117,10 +132,11 @@ pub async fn run(args: &LoadArgs, workflows: usize) -> anyhow::Result<WorkflowsR
         rig.start_workers(args).await?;
         let mark = rig.cpu_mark();
         let steps = (workflows * STEPS) as u64;
+        let rate = args.rate;
         let started = Instant::now();
         let (ids, generator_cpu) =
             load::submit_while_draining(&rig, &recorder, steps, move |api| async move {
-                submit(api, workflows).await
+                submit(api, workflows, rate).await
             })
             .await?;
         let submit_s = started.elapsed().as_secs_f64();
@@ -217,6 +233,7 @@ fn measure(
         workers: args.workers,
         worker_concurrency: args.worker_concurrency,
         workers_as: args.workers_as,
+        rate: args.rate,
         submit_per_s: read.len() as f64 / submit_s.max(f64::MIN_POSITIVE),
         succeeded,
         not_succeeded: read.len() as u64 - succeeded,

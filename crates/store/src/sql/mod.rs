@@ -170,6 +170,9 @@ pub(crate) mod testing {
             ("tasks_ended", &sql.ended_ids, "tiiii"),
             // GetStats' queues, by the claim's index.
             ("tasks_ready_claim", &sql.stats_queues, "n"),
+            // A workflow's steps, and its parents' outputs at a claim.
+            ("tasks_workflow", &sql.steps_of, "t"),
+            ("tasks_workflow", sql.step_outputs.get(1), "tt"),
             ("schedules_due", &sql.due_schedules, "ii"),
             ("schedules_due", &sql.next_schedule_due, ""),
         ]

@@ -145,8 +145,9 @@ pub struct Statements {
     pub try_lock_task: String,
     pub workflow_by_request_id: String,
     pub update_workflow: String,
-    /// Workflows: the steps' tasks (in creation order), locked or not, and
-    /// the outputs of those that succeeded.
+    /// Workflows: the steps' tasks, locked or not, and the outputs of some
+    /// steps by name (the caller keeps those that succeeded; a condition
+    /// on the state could lead a planner to the state index).
     pub steps_of: String,
     pub lock_steps: String,
     pub step_outputs: Ladder,
@@ -565,16 +566,18 @@ impl Statements {
                 "UPDATE workflows SET state = ?, message = ?, updated_at = ?, ended_at = ? \
                  WHERE id = ?",
             ),
+            // No ORDER BY (the caller sorts): ordered by id, a planner may
+            // walk the primary key and filter, a scan of every task.
             steps_of: r(&format!(
-                "SELECT {TASK_READ} FROM tasks WHERE workflow_id = ? ORDER BY id"
+                "SELECT {TASK_READ} FROM tasks WHERE workflow_id = ?"
             )),
             lock_steps: r(&format!(
-                "SELECT {TASK_READ} FROM tasks WHERE workflow_id = ? ORDER BY id{{lock}}"
+                "SELECT {TASK_READ} FROM tasks WHERE workflow_id = ?{{lock}}"
             )),
             step_outputs: Ladder::new(d, |d, n| {
                 d.render(&format!(
-                    "SELECT workflow_step, output, output_content_type FROM tasks \
-                     WHERE workflow_id = ? AND state = 'SUCCEEDED' AND workflow_step IN ({})",
+                    "SELECT workflow_step, state, output, output_content_type FROM tasks \
+                     WHERE workflow_id = ? AND workflow_step IN ({})",
                     marks(n)
                 ))
             }),

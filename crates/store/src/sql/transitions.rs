@@ -15,7 +15,9 @@ use super::batch::Batch;
 use super::dialect::in_lists;
 use super::rows::{attempt_args, body_args, callback_args, new_callback};
 use super::tasks::lock_task;
-use super::workflows::{advance, lock_workflows, may_end, try_lock_workflows, workflows_of};
+use super::workflows::{
+    Advanced, advance, lock_workflows, may_end, try_lock_workflows, workflows_of,
+};
 use super::{SqlStore, args};
 use crate::{Error, Result, TaskChange, decode};
 
@@ -188,21 +190,43 @@ impl<B: Backend> SqlStore<B> {
         if events.is_empty() && fence.is_none() {
             return Ok(Vec::new());
         }
+        self.transition_batch_in(events, now, fence, None).await
+    }
+
+    /// [`Self::transition_batch`]; with `held`, the workflow rows of its
+    /// steps are locked first, waiting for them (the second try of a batch
+    /// whose first found one held by another transaction).
+    async fn transition_batch_in(
+        &self,
+        events: &[(String, Event)],
+        now: UnixMillis,
+        fence: Option<u64>,
+        held: Option<&[String]>,
+    ) -> Result<Vec<Result<TaskRecord>>> {
         let b = self.backend();
         let mut tx = b.begin_write().await?;
         check_fence(b, &mut tx, fence).await?;
+        if let Some(workflows) = held {
+            lock_workflows(b, &mut tx, workflows).await?;
+        }
         let read = lock_rows(b, &mut tx, &sorted_ids(events)).await?;
-        // Steps that may end need their workflows, locked before any task
-        // on the row path when another transaction holds one.
+        // Steps that may end need their workflows: taken SKIP LOCKED here
+        // (this transaction holds task rows, so it must not wait), and on a
+        // miss the batch starts again holding them first.
         let workflows = workflows_of(
             events
                 .iter()
                 .filter(|(_, e)| may_end(e))
                 .filter_map(|(id, _)| read.get(id.as_str())?.as_ref().ok()),
         );
-        if !workflows.is_empty() && !try_lock_workflows(b, &mut tx, &workflows).await? {
+        let all_held = held.is_some_and(|h| workflows.iter().all(|w| h.contains(w)));
+        if !workflows.is_empty() && !all_held && !try_lock_workflows(b, &mut tx, &workflows).await?
+        {
             drop(tx);
-            return self.transition_rows(events, now, fence, &workflows).await;
+            if held.is_some() {
+                return self.transition_rows(events, now, fence, &workflows).await;
+            }
+            return Box::pin(self.transition_batch_in(events, now, fence, Some(&workflows))).await;
         }
         let mut batch = Batch::default();
         let mut results = Vec::with_capacity(events.len());
@@ -243,16 +267,7 @@ impl<B: Backend> SqlStore<B> {
         }
         let advanced = advance(b, &mut tx, &workflows, now).await?;
         b.commit(tx).await?;
-        let changes: Vec<TaskChange> = results
-            .iter()
-            .flatten()
-            .chain(&advanced.changed)
-            .map(TaskChange::of)
-            .collect();
-        self.publish(&changes, &[]);
-        if !advanced.deferred.is_empty() {
-            self.finish_cancels(&advanced.deferred, now).await;
-        }
+        self.after_commit(&results, advanced, now).await;
         Ok(results)
     }
 
@@ -278,6 +293,18 @@ impl<B: Backend> SqlStore<B> {
         }
         let advanced = advance(b, &mut tx, workflows, now).await?;
         b.commit(tx).await?;
+        self.after_commit(&results, advanced, now).await;
+        Ok(results)
+    }
+
+    /// Publishes what a committed `transition_many` changed (its tasks and
+    /// the workflow steps it advanced), then finishes the cancels it left.
+    async fn after_commit(
+        &self,
+        results: &[Result<TaskRecord>],
+        advanced: Advanced,
+        now: UnixMillis,
+    ) {
         let changes: Vec<TaskChange> = results
             .iter()
             .flatten()
@@ -288,6 +315,5 @@ impl<B: Backend> SqlStore<B> {
         if !advanced.deferred.is_empty() {
             self.finish_cancels(&advanced.deferred, now).await;
         }
-        Ok(results)
     }
 }
