@@ -756,6 +756,20 @@ impl Recorder {
     }
 }
 
+/// Ends a run whose counts come from the store: stops the recorder and
+/// the rig, and notes when the progress feed lagged.
+pub async fn end_run(recorder: Recorder, rig: Rig) {
+    let missed = recorder.missed.load(Ordering::Relaxed);
+    recorder.finish().await;
+    rig.stop().await;
+    if missed > 0 {
+        tracing::debug!(
+            missed,
+            "the progress feed lagged; counts come from the store"
+        );
+    }
+}
+
 /// One submitted task: its id and the instant its arrival was due.
 pub type Submitted = (String, Instant);
 

@@ -9,7 +9,7 @@
 //! last completion, as the store recorded them (`ended_at`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -147,15 +147,7 @@ pub async fn run(args: &LoadArgs, tasks: usize) -> anyhow::Result<ThroughputRepo
         })
     }
     .await;
-    let missed = recorder.missed.load(Ordering::Relaxed);
-    recorder.finish().await;
-    rig.stop().await;
-    if missed > 0 {
-        tracing::debug!(
-            missed,
-            "the progress feed lagged; counts come from the store"
-        );
-    }
+    load::end_run(recorder, rig).await;
     result
 }
 

@@ -151,15 +151,7 @@ pub async fn run(args: &LoadArgs, workflows: usize) -> anyhow::Result<WorkflowsR
         Ok::<_, anyhow::Error>(measure(args, &rig, submit_s, read, cpu))
     }
     .await;
-    let missed = recorder.missed.load(std::sync::atomic::Ordering::Relaxed);
-    recorder.finish().await;
-    rig.stop().await;
-    if missed > 0 {
-        tracing::debug!(
-            missed,
-            "the progress feed lagged; counts come from the store"
-        );
-    }
+    load::end_run(recorder, rig).await;
     result
 }
 
