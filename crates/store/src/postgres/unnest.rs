@@ -67,7 +67,15 @@ pub(super) async fn write(
     let col = |f: fn(&(i64, TaskRecord)) -> Option<i64>| rows.iter().map(f).collect::<Vec<_>>();
     let text =
         |f: fn(&TaskRecord) -> Option<String>| rows.iter().map(|(_, t)| f(t)).collect::<Vec<_>>();
+    // Not a prepared statement kept on the connection: Postgres would
+    // settle on a generic plan after five runs, costed for arrays of
+    // unknown length against `tasks` as it was then, and a young table's
+    // plan (a hash join over a sequential scan of `tasks`) then stays while
+    // the table grows (measured: 871 sequential scans reading 38.8 M rows
+    // in ~25 s of `bench --scenario workflows`). Unnamed, each write is
+    // planned for its own arrays: an index lookup per row.
     let q = sqlx::query(WRITE)
+        .persistent(false)
         .bind(rows.iter().map(|(_, t)| t.id.clone()).collect::<Vec<_>>())
         .bind(rows.iter().map(|(v, _)| *v).collect::<Vec<_>>())
         .bind(text(|t| Some(t.state.as_str().to_string())))
