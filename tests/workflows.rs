@@ -376,6 +376,18 @@ async fn a_bad_definition_is_refused_whole_with_nothing_written() {
         ),
         (json!({"steps": []}), "steps"),
         (
+            json!({"steps": [step("a", &[], "x")], "onFailure": step("f", &["a"], "x")}),
+            "depends on none",
+        ),
+        (
+            json!({"steps": [step("a", &["f"], "x")], "onFailure": step("f", &[], "x")}),
+            "no step may",
+        ),
+        (
+            json!({"steps": [step("a", &[], "x")], "onFailure": step("a", &[], "x")}),
+            "used twice",
+        ),
+        (
             json!({"steps": [{"name": "a", "template": {"handler": "x", "timeout": "0s"}}]}),
             "timeout",
         ),
@@ -402,5 +414,73 @@ async fn a_bad_definition_is_refused_whole_with_nothing_written() {
         )
         .await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    stop_node(node).await;
+}
+
+/// An on_failure step: it waits while the steps run, then, once one fails,
+/// runs with the failed step's error under its name among its parents'
+/// outputs; the workflow ends FAILED after it, and the step shows as the
+/// on_failure step.
+#[tokio::test]
+async fn the_on_failure_step_runs_after_a_failure_with_its_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let rest = Rest::new(node.http_addr);
+    let mut raw = RawWorker::connect(node.grpc_addr, "w-of", &["of"], 4).await;
+    let body = json!({
+        "steps": [step("a", &[], "of"), step("b", &["a"], "of")],
+        "onFailure": step("cleanup", &[], "of"),
+    });
+    let reply = rest.call(Method::POST, "/api/workflows", Some(body)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{:?}", reply.json);
+    let id = reply.json["workflowId"].as_str().unwrap().to_string();
+    assert_eq!(reply.json["workflow"]["stepCount"], 3);
+    let cleanup = &reply.json["workflow"]["steps"][2];
+    assert_eq!(cleanup["name"], "cleanup");
+    assert_eq!(cleanup["onFailure"], true);
+    assert_eq!(cleanup["waiting"], true);
+
+    let a = next_steps(&mut raw, 1).await;
+    assert_eq!(a[0].workflow_step, "a", "only a runs first");
+    finish(&raw, &a[0], None).await;
+    let c = next_steps(&mut raw, 1).await;
+    assert_eq!(c[0].workflow_step, "cleanup");
+    let error = &c[0].parent_outputs["a"];
+    assert_eq!(error.data, b"a broke");
+    assert!(
+        error.content_type.starts_with("text/plain"),
+        "{}",
+        error.content_type
+    );
+    assert!(
+        !c[0].parent_outputs.contains_key("b"),
+        "b was cancelled, not failed"
+    );
+    assert_eq!(
+        workflow(&rest, &id).await["state"],
+        "WORKFLOW_STATE_RUNNING",
+        "the workflow waits for its on_failure step"
+    );
+    finish(&raw, &c[0], Some("cleaned")).await;
+    let done = wait_workflow(&rest, &id, "WORKFLOW_STATE_FAILED").await;
+    assert!(
+        done["message"].as_str().unwrap().contains("a broke"),
+        "{done:#}"
+    );
+    let states: Vec<&str> = done["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "TASK_STATE_FAILED",
+            "TASK_STATE_CANCELLED",
+            "TASK_STATE_SUCCEEDED"
+        ]
+    );
+    raw.close().await;
     stop_node(node).await;
 }

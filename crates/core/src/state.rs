@@ -293,7 +293,14 @@ pub fn apply(
         return rerun(task, now).ok_or_else(illegal);
     }
     if let Event::RerunAfterParents = event {
-        let mut t = rerun(task, now).ok_or_else(illegal)?;
+        // A workflow's on_failure step waits again whatever its end: it
+        // handled one failure and is there for the next.
+        let handler = crate::workflow::is_on_failure(task) && task.state == TaskState::Succeeded;
+        let mut t = if handler {
+            rerun_any(task, now)
+        } else {
+            rerun(task, now).ok_or_else(illegal)?
+        };
         enter(&mut t.task, Pending, now);
         t.task.next_at = None;
         return Ok(t);
@@ -473,6 +480,12 @@ fn rerun(task: &TaskRecord, now: UnixMillis) -> Option<Transition> {
     if !matches!(task.state, Failed | TimedOut | Cancelled) {
         return None;
     }
+    Some(rerun_any(task, now))
+}
+
+/// [`rerun`] of any ended task (the caller checked it may).
+fn rerun_any(task: &TaskRecord, now: UnixMillis) -> Transition {
+    use TaskState::*;
     let mut next = task.clone();
     next.version = task.version + 1;
     next.updated_at = now;
@@ -485,11 +498,11 @@ fn rerun(task: &TaskRecord, now: UnixMillis) -> Option<Transition> {
     next.output = None;
     next.times.end = None;
     enter(&mut next, Ready, now);
-    Some(Transition {
+    Transition {
         task: next,
         attempt: AttemptChange::None,
         reopened: true,
-    })
+    }
 }
 
 fn enter(task: &mut TaskRecord, state: TaskState, now: UnixMillis) {

@@ -251,7 +251,7 @@ impl NewTask {
         let waits = self
             .workflow
             .as_ref()
-            .is_some_and(|w| !w.depends_on.is_empty());
+            .is_some_and(|w| !w.depends_on.is_empty() || w.on_failure);
         let due = self.run_at <= now && !waits;
         let state = if due {
             TaskState::Ready

@@ -3,7 +3,10 @@
 //! it due, and `Due`/`Defer` refuse it) and released to READY by
 //! `Event::Unblock` once every parent SUCCEEDED; its handler
 //! receives the parents' outputs by step name. What to do when a step
-//! fails is the workflow's [`FailurePolicy`].
+//! fails is the workflow's [`FailurePolicy`]; a workflow may also have one
+//! `on_failure` step, which waits with no parents and runs only once a
+//! step has failed (with the failed steps' errors as its parents'
+//! outputs), and is cancelled, unneeded, when every other step succeeded.
 //!
 //! [`check_steps`] validates a definition before anything is written;
 //! [`advance`] computes, from the steps as they stand, which to release,
@@ -95,6 +98,17 @@ impl WorkflowState {
     }
 }
 
+/// The most bytes of parents' outputs (with the step's own payload) a
+/// step's assignment may carry: a message is at most 4 MiB unless the
+/// operator raises it, and the rest of the assignment needs room. A step
+/// whose parents' outputs would exceed it is not released but cancelled,
+/// saying so: sent, it would break its worker's stream on every attempt.
+pub const MAX_ASSIGNMENT_INPUT_BYTES: usize = 3 * 1024 * 1024;
+
+/// The media type of a failed step's error as the `on_failure` step
+/// receives it among its parents' outputs.
+pub const ERROR_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
+
 /// A parent's output, as its child's handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParentOutput {
@@ -113,8 +127,12 @@ pub struct StepLink {
     pub workflow_id: String,
     /// The step's name, unique in the workflow.
     pub step: String,
-    /// The steps that must succeed first (by name).
+    /// The steps that must succeed first (by name); none for the
+    /// `on_failure` step.
     pub depends_on: Vec<String>,
+    /// True for the workflow's `on_failure` step: it waits until a step
+    /// fails (see [`advance`]).
+    pub on_failure: bool,
     /// The parents' outputs: read when the step is claimed (empty
     /// elsewhere).
     pub parent_outputs: Vec<ParentOutput>,
@@ -154,6 +172,8 @@ pub struct StepDef {
     pub name: String,
     /// Its parents' names.
     pub depends_on: Vec<String>,
+    /// True for the workflow's `on_failure` step.
+    pub on_failure: bool,
 }
 
 /// Checks a workflow's steps: at least one, at most `max_steps`, names
@@ -164,6 +184,7 @@ pub fn check_steps(steps: &[StepDef], max_steps: usize) -> Result<(), String> {
     if steps.is_empty() {
         return Err("a workflow needs at least one step".into());
     }
+    // The on_failure step is one of them: the limit counts it.
     if steps.len() > max_steps {
         return Err(format!(
             "the workflow has {} steps; the limit is {max_steps}",
@@ -176,6 +197,30 @@ pub fn check_steps(steps: &[StepDef], max_steps: usize) -> Result<(), String> {
             .map_err(|e| format!("step {:?}: {}", s.name, e.replace("handler", "step name")))?;
         if index.insert(s.name.as_str(), i).is_some() {
             return Err(format!("step name {:?} is used twice", s.name));
+        }
+    }
+    let mut handlers = steps.iter().filter(|s| s.on_failure);
+    if let Some(f) = handlers.next() {
+        if let Some(g) = handlers.next() {
+            return Err(format!(
+                "steps {:?} and {:?} are both on_failure steps; a workflow has at most one",
+                f.name, g.name
+            ));
+        }
+        if !f.depends_on.is_empty() {
+            return Err(format!(
+                "the on_failure step {:?} has depends_on; it runs when any step fails and depends on none",
+                f.name
+            ));
+        }
+        if let Some(s) = steps.iter().find(|s| s.depends_on.contains(&f.name)) {
+            return Err(format!(
+                "step {:?} depends on {:?}, the on_failure step; no step may",
+                s.name, f.name
+            ));
+        }
+        if steps.len() == 1 {
+            return Err("a workflow needs at least one step besides its on_failure step".into());
         }
     }
     for s in steps {
@@ -260,6 +305,10 @@ pub fn fingerprint(
     struct Step<'a> {
         name: &'a str,
         depends_on: &'a [String],
+        // Left out when false: a workflow without one keeps the digest
+        // it had before on_failure steps existed.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        on_failure: bool,
         template: &'a crate::schedule::TaskTemplate,
     }
     let body = serde_json::to_vec(&(
@@ -269,6 +318,7 @@ pub fn fingerprint(
             .map(|(d, t)| Step {
                 name: &d.name,
                 depends_on: &d.depends_on,
+                on_failure: d.on_failure,
                 template: t,
             })
             .collect::<Vec<_>>(),
@@ -283,6 +333,11 @@ pub fn fingerprint(
 /// True for a step still waiting for its parents (PENDING, never due).
 pub fn is_waiting(task: &TaskRecord) -> bool {
     task.state == TaskState::Pending && task.next_at.is_none() && task.workflow.is_some()
+}
+
+/// True for a workflow's `on_failure` step.
+pub fn is_on_failure(task: &TaskRecord) -> bool {
+    task.workflow.as_ref().is_some_and(|w| w.on_failure)
 }
 
 /// What [`advance`] decided.
@@ -310,40 +365,32 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
             .map(|w| w.depends_on.iter().map(String::as_str).collect())
             .unwrap_or_default()
     }
+    let handler = steps.iter().find(|t| is_on_failure(t));
+    let others = || steps.iter().filter(|t| !is_on_failure(t));
     // A step's end as it will be once this advance is written.
-    let mut ends: HashMap<&str, TaskState> = steps
-        .iter()
+    let mut ends: HashMap<&str, TaskState> = others()
         .filter(|t| t.state.is_terminal())
         .filter_map(|t| Some((t.workflow.as_ref()?.step.as_str(), t.state)))
         .collect();
-    let failed_first = steps
-        .iter()
+    let failed_first = others()
         .filter(|t| t.state.is_terminal() && t.state != TaskState::Succeeded)
         .min_by_key(|t| (t.times.end, t.id.clone()));
     let mut out = Advance::default();
-    let any_failed = failed_first.is_some();
+    // True once a step has failed, or is cancelled here for its input size.
+    let mut any_failed = failed_first.is_some();
     if let Some(f) = failed_first {
         let name = f.workflow.as_ref().map_or("", |w| w.step.as_str());
         out.message = format!("step {name:?} ended {}: {}", f.state, f.error_message);
     }
     let cancel_all = cancelled || (any_failed && policy == FailurePolicy::CancelRemaining);
-    if cancel_all {
-        let reason = if cancelled {
-            "workflow cancelled".to_string()
-        } else {
-            format!("workflow failed: {}", out.message)
-        };
-        for t in steps.iter().filter(|t| !t.state.is_terminal()) {
-            out.cancel.push((t.id.clone(), reason.clone()));
-        }
-    } else {
+    if !cancel_all {
         // Waiting steps in definition order; parents come before children
         // in no particular order, so repeat until nothing changes (a chain
         // of cancelled descendants settles in at most `steps` rounds).
         let mut decided: HashSet<&str> = HashSet::new();
         loop {
             let mut changed = false;
-            for t in steps.iter().filter(|t| is_waiting(t)) {
+            for t in others().filter(|t| is_waiting(t)) {
                 let name = t.workflow.as_ref().map_or("", |w| w.step.as_str());
                 if decided.contains(name) {
                     continue;
@@ -364,7 +411,18 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
                     .iter()
                     .all(|p| ends.get(*p) == Some(&TaskState::Succeeded))
                 {
-                    out.release.push(t.id.clone());
+                    if let Some(why) = too_large(t, steps) {
+                        // Not sent: a failure of this step, decided here.
+                        if !any_failed {
+                            out.message = format!("step {name:?} was cancelled: {why}");
+                        }
+                        any_failed = true;
+                        out.cancel.push((t.id.clone(), why));
+                        ends.insert(name, TaskState::Cancelled);
+                        changed = true;
+                    } else {
+                        out.release.push(t.id.clone());
+                    }
                     decided.insert(name);
                 }
             }
@@ -373,15 +431,66 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
             }
         }
     }
+    // Under CANCEL_REMAINING a failure (one found here included) cancels
+    // every step not ended; a cancel by a caller cancels them all, the
+    // on_failure step too, which a failure never cancels: it runs next.
+    if cancelled || (any_failed && policy == FailurePolicy::CancelRemaining) {
+        let reason = if cancelled {
+            "workflow cancelled".to_string()
+        } else {
+            format!("workflow failed: {}", out.message)
+        };
+        out.release.clear();
+        let already: HashSet<String> = out.cancel.iter().map(|(id, _)| id.clone()).collect();
+        for t in steps.iter().filter(|t| {
+            !t.state.is_terminal() && (cancelled || !is_on_failure(t)) && !already.contains(&t.id)
+        }) {
+            out.cancel.push((t.id.clone(), reason.clone()));
+        }
+    }
+    if let Some(h) = handler.filter(|h| h.state.is_terminal() && h.state != TaskState::Succeeded) {
+        let name = h.workflow.as_ref().map_or("", |w| w.step.as_str());
+        let own = format!(
+            "the on_failure step {name:?} ended {}: {}",
+            h.state, h.error_message
+        );
+        out.message = if out.message.is_empty() {
+            own
+        } else {
+            format!("{}; {own}", out.message)
+        };
+    }
     let cancelled_ids: HashSet<&str> = out.cancel.iter().map(|(id, _)| id.as_str()).collect();
-    let all_ended = steps
-        .iter()
-        .all(|t| t.state.is_terminal() || cancelled_ids.contains(t.id.as_str()));
+    let others_ended =
+        others().all(|t| t.state.is_terminal() || cancelled_ids.contains(t.id.as_str()));
+    let failing = any_failed || others().any(|t| cancelled_ids.contains(t.id.as_str()));
+    // The on_failure step: released once a step has failed (under
+    // CONTINUE_INDEPENDENT once the independent branches have ended too),
+    // cancelled as unneeded when the rest all succeeded.
+    let mut handler_ends = true;
+    if let Some(h) = handler.filter(|_| !cancelled) {
+        if is_waiting(h) {
+            if any_failed && (policy == FailurePolicy::CancelRemaining || others_ended) {
+                out.release.push(h.id.clone());
+                handler_ends = false;
+            } else if others_ended && !failing {
+                out.cancel.push((
+                    h.id.clone(),
+                    "every step succeeded: the on_failure step is not needed".into(),
+                ));
+            } else {
+                handler_ends = false;
+            }
+        } else if !h.state.is_terminal() {
+            handler_ends = false;
+        }
+    }
+    let all_ended = others_ended && handler_ends;
     out.state = if cancelled {
         WorkflowState::Cancelled
     } else if !all_ended {
         WorkflowState::Running
-    } else if any_failed || !cancelled_ids.is_empty() {
+    } else if failing {
         WorkflowState::Failed
     } else {
         WorkflowState::Succeeded
@@ -389,31 +498,66 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
     out
 }
 
+/// Why step `t`, whose parents all succeeded, cannot be sent: its payload
+/// and its parents' outputs total more than [`MAX_ASSIGNMENT_INPUT_BYTES`].
+fn too_large(t: &TaskRecord, steps: &[TaskRecord]) -> Option<String> {
+    let parents = &t.workflow.as_ref()?.depends_on;
+    let input = t.payload.len()
+        + steps
+            .iter()
+            .filter(|p| {
+                p.workflow
+                    .as_ref()
+                    .is_some_and(|w| !w.on_failure && parents.contains(&w.step))
+            })
+            .map(|p| {
+                p.workflow.as_ref().map_or(0, |w| w.step.len())
+                    + p.output.as_ref().map_or(0, Vec::len)
+                    + p.output_content_type.len()
+            })
+            .sum::<usize>();
+    (input > MAX_ASSIGNMENT_INPUT_BYTES).then(|| {
+        format!(
+            "its payload and its parents' outputs total {input} bytes, over the \
+             {MAX_ASSIGNMENT_INPUT_BYTES} a step's assignment may carry: pass a reference \
+             to large results instead"
+        )
+    })
+}
+
 /// RetryWorkflow: the events that run again every step that FAILED, TIMED
 /// OUT or was CANCELLED — [`Event::Rerun`](crate::Event::Rerun) (to
 /// READY) for one whose parents all SUCCEEDED, else
 /// [`Event::RerunAfterParents`](crate::Event::RerunAfterParents) (to
-/// waiting) — by task id, in step order. A SUCCEEDED step is never among
-/// them; no step to re-run gives none.
+/// waiting; also one whose input is over [`MAX_ASSIGNMENT_INPUT_BYTES`],
+/// which the caller's [`advance`] then cancels again) — by task id, in
+/// step order. A SUCCEEDED step is never among
+/// them; no step to re-run gives none. When some step re-runs, the
+/// `on_failure` step, if it has ended (whatever its end), waits again for
+/// the next failure ([`Event::RerunAfterParents`](crate::Event::RerunAfterParents)).
 pub fn retry(steps: &[TaskRecord]) -> Vec<(String, crate::Event)> {
     let succeeded: HashSet<&str> = steps
         .iter()
         .filter(|t| t.state == TaskState::Succeeded)
         .filter_map(|t| Some(t.workflow.as_ref()?.step.as_str()))
         .collect();
-    steps
+    let mut events: Vec<(String, crate::Event)> = steps
         .iter()
         .filter(|t| {
-            matches!(
-                t.state,
-                TaskState::Failed | TaskState::TimedOut | TaskState::Cancelled
-            )
+            !is_on_failure(t)
+                && matches!(
+                    t.state,
+                    TaskState::Failed | TaskState::TimedOut | TaskState::Cancelled
+                )
         })
         .map(|t| {
+            // One whose input is over the bound waits: the advance that
+            // follows the retry cancels it again, saying why.
             let ready = t
                 .workflow
                 .as_ref()
-                .is_none_or(|w| w.depends_on.iter().all(|p| succeeded.contains(p.as_str())));
+                .is_none_or(|w| w.depends_on.iter().all(|p| succeeded.contains(p.as_str())))
+                && too_large(t, steps).is_none();
             let event = if ready {
                 crate::Event::Rerun
             } else {
@@ -421,7 +565,28 @@ pub fn retry(steps: &[TaskRecord]) -> Vec<(String, crate::Event)> {
             };
             (t.id.clone(), event)
         })
-        .collect()
+        .collect();
+    if !events.is_empty()
+        && let Some(h) = steps
+            .iter()
+            .find(|t| is_on_failure(t) && t.state.is_terminal())
+    {
+        events.push((h.id.clone(), crate::Event::RerunAfterParents));
+    }
+    events
+}
+
+/// Why RetryWorkflow must wait, if it must: the `on_failure` step is
+/// running (it handles the failure being retried).
+pub fn retry_blocked(steps: &[TaskRecord]) -> Option<String> {
+    let h = steps
+        .iter()
+        .find(|t| is_on_failure(t) && !t.state.is_terminal() && !is_waiting(t))?;
+    let name = h.workflow.as_ref().map_or("", |w| w.step.as_str());
+    Some(format!(
+        "the on_failure step {name:?} is {}; retry once it has ended",
+        h.state
+    ))
 }
 
 #[cfg(test)]

@@ -74,6 +74,7 @@ fn step_to_pb(t: &TaskRecord) -> pb::WorkflowStep {
         }),
         error_message: t.error_message.clone(),
         ended_at: t.times.end.map(timestamp),
+        on_failure: link.is_some_and(|w| w.on_failure),
     }
 }
 
@@ -108,22 +109,29 @@ pub(crate) async fn submit(
     }
     let policy = policy_from_pb(req.failure_policy)?;
     validate::short_text("client_request_id", &req.client_request_id).map_err(invalid)?;
-    let defs: Vec<StepDef> = req
+    // The on_failure step is checked and stored as a step of its own kind.
+    let specs: Vec<(pb::WorkflowStepSpec, bool, String)> = req
         .steps
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| (s, false, format!("steps[{i}].template")))
+        .chain(
+            req.on_failure
+                .map(|s| (s, true, "on_failure.template".to_string())),
+        )
+        .collect();
+    let defs: Vec<StepDef> = specs
         .iter()
-        .map(|s| StepDef {
+        .map(|(s, on_failure, _)| StepDef {
             name: s.name.clone(),
             depends_on: s.depends_on.clone(),
+            on_failure: *on_failure,
         })
         .collect();
     check_steps(&defs, max).map_err(invalid)?;
-    let mut templates = Vec::with_capacity(req.steps.len());
-    for (i, s) in req.steps.into_iter().enumerate() {
-        templates.push(template_at(
-            shared,
-            s.template,
-            &format!("steps[{i}].template"),
-        )?);
+    let mut templates = Vec::with_capacity(specs.len());
+    for (s, _, at) in specs {
+        templates.push(template_at(shared, s.template, &at)?);
     }
     let fp = fingerprint(
         policy,
@@ -143,6 +151,7 @@ pub(crate) async fn submit(
                 workflow_id: workflow_id.clone(),
                 step: d.name,
                 depends_on: d.depends_on,
+                on_failure: d.on_failure,
                 parent_outputs: Vec::new(),
             }),
             ..t.to_task(id::new_task_id(), &namespace, now)

@@ -82,7 +82,9 @@ pub const LEADER: &str = "taskmesh_leader";
 /// was still writing), per write.
 pub const FENCED_WRITES: &str = "taskmesh_fenced_writes_total";
 /// Rows retention removed (`kind`: `tasks`, with their attempts and
-/// callbacks; `state`: the terminal state).
+/// callbacks, `state` their terminal state; `workflows`, the workflow
+/// rows, and `workflow_steps`, their steps (any end), `state` the
+/// workflow's end; `fires`, schedule fire records).
 pub const RETENTION_REMOVED: &str = "taskmesh_retention_removed_total";
 
 /// The namespace label of a figure about the namespace as a whole: the

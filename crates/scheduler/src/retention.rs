@@ -3,7 +3,10 @@
 //! `Store::set_retention`), else the server's for their state — are
 //! removed (with their attempts, delivered callbacks and logs) in
 //! bounded batches (`Store::remove_ended`, one short write transaction
-//! each), one batch per state per pass, after the round's promotions and
+//! each), one batch per state per pass; an ended workflow goes whole, its
+//! row with every step, once its end is past its namespace's (or the
+//! server's) horizon for its end state (`Store::remove_ended_workflows`,
+//! a transaction per workflow, a batch of steps per state per pass); after the round's promotions and
 //! fires; and each schedule's fire history is trimmed to its newest
 //! `fire_history` records (`Store::trim_fires`), a page of
 //! [`SCHEDULES_PER_PASS`] schedules per pass, round robin. A pass that
@@ -157,6 +160,20 @@ pub async fn pass(
         }
         removed += n;
         more |= n as usize >= retention.batch;
+        // Workflows that ended so, each with all its steps.
+        let (workflows, steps) = store
+            .remove_ended_workflows(state, now, default_ms, retention.batch)
+            .await?;
+        if workflows > 0 {
+            metrics::counter!(crate::meters::RETENTION_REMOVED, "kind" => "workflows", "state" => state.as_str())
+                .increment(workflows);
+        }
+        if steps > 0 {
+            metrics::counter!(crate::meters::RETENTION_REMOVED, "kind" => "workflow_steps", "state" => state.as_str())
+                .increment(steps);
+        }
+        removed += workflows + steps;
+        more |= steps as usize >= retention.batch;
     }
     let keep = retention.fire_history.max(1);
     let (page, next) = store

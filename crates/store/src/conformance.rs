@@ -96,6 +96,8 @@ macro_rules! store_conformance_suite {
             a_full_key_does_not_block_the_tasks_behind_it,
             a_diamond_workflow_releases_each_step_once_with_its_parents_outputs,
             a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest,
+            an_ended_workflow_ages_out_whole,
+            the_on_failure_step_runs_with_the_failed_steps_errors,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -301,5 +303,6 @@ pub use scheduling::{due_tasks_after_run_at, in_flight_by_worker, ready_counts_b
 pub use workflows::{
     a_diamond_workflow_releases_each_step_once_with_its_parents_outputs,
     a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest,
+    an_ended_workflow_ages_out_whole, the_on_failure_step_runs_with_the_failed_steps_errors,
     two_replicas_ending_parents_at_once_release_each_child_once,
 };

@@ -165,6 +165,10 @@ fn decode_task(row: &impl Columns, id: &str) -> Result<TaskRecord, String> {
     })
 }
 
+/// `depends_on` of a workflow's on_failure step: it depends on the
+/// failure of any step (`*` is no step's name).
+pub(crate) const ON_FAILURE_DEPENDS_ON: &str = r#"["*"]"#;
+
 /// The `workflow_id`, `workflow_step` and `depends_on` columns: a step
 /// has all three (its parents' outputs are read at claim time only).
 fn workflow(row: &impl Columns) -> Result<Option<StepLink>, String> {
@@ -174,16 +178,19 @@ fn workflow(row: &impl Columns) -> Result<Option<StepLink>, String> {
     let step = row
         .opt_text("workflow_step")?
         .ok_or("workflow_step is NULL on a workflow's step")?;
-    let depends_on = match row.opt_text("depends_on")? {
-        None => Vec::new(),
-        Some(text) => {
-            serde_json::from_str(&text).map_err(|e| format!("bad depends_on JSON: {e}"))?
-        }
+    let (depends_on, on_failure) = match row.opt_text("depends_on")? {
+        None => (Vec::new(), false),
+        Some(text) if text == ON_FAILURE_DEPENDS_ON => (Vec::new(), true),
+        Some(text) => (
+            serde_json::from_str(&text).map_err(|e| format!("bad depends_on JSON: {e}"))?,
+            false,
+        ),
     };
     Ok(Some(StepLink {
         workflow_id,
         step,
         depends_on,
+        on_failure,
         parent_outputs: Vec::new(),
     }))
 }

@@ -159,7 +159,8 @@ pub trait Store: Send + Sync + 'static {
     /// (`set_retention`), else their namespace's, else
     /// `default_horizon_ms` — the oldest first, with their attempts,
     /// callbacks and logs; never one whose callback is still to be
-    /// delivered, never a task that is not terminal. Returns how many went.
+    /// delivered, never a task that is not terminal, never a workflow's step
+    /// (see [`Store::remove_ended_workflows`]). Returns how many went.
     /// A non-terminal `state` is [`Error::InvalidArgument`].
     async fn remove_ended(
         &self,
@@ -168,6 +169,24 @@ pub trait Store: Send + Sync + 'static {
         default_horizon_ms: i64,
         limit: usize,
     ) -> Result<u64>;
+
+    /// Retention: removes ended workflows in the terminal `state`
+    /// (SUCCEEDED, FAILED or CANCELLED; TIMED_OUT removes none) whose end
+    /// is older than their namespace's horizon for it (handlers' horizons
+    /// do not apply: a workflow has many), else `default_horizon_ms`, each
+    /// with every step, its attempts, callbacks and logs — the history of
+    /// a workflow ages out as one unit, the oldest end first; never one
+    /// with a step still live or a callback still to be delivered. At most
+    /// `limit` steps go per call (a larger workflow goes over several, its
+    /// row last). Returns (workflows, steps) removed. A non-terminal
+    /// `state` is [`Error::InvalidArgument`].
+    async fn remove_ended_workflows(
+        &self,
+        state: TaskState,
+        now: UnixMillis,
+        default_horizon_ms: i64,
+        limit: usize,
+    ) -> Result<(u64, u64)>;
 
     /// Retention: replaces the horizons of `namespace`'s `handler` (`""`:
     /// the namespace's own); unset ones inherit.

@@ -123,6 +123,21 @@ impl<S: Store> Store for Metered<S> {
         .await
     }
 
+    async fn remove_ended_workflows(
+        &self,
+        state: TaskState,
+        now: UnixMillis,
+        default_horizon_ms: i64,
+        limit: usize,
+    ) -> Result<(u64, u64)> {
+        timed(
+            "remove_ended_workflows",
+            self.inner
+                .remove_ended_workflows(state, now, default_horizon_ms, limit),
+        )
+        .await
+    }
+
     async fn set_retention(
         &self,
         namespace: &str,

@@ -52,6 +52,7 @@ static DIALECT: Dialect = Dialect {
     due_state: "state",
     ready_from: "tasks FORCE INDEX (tasks_ready_claim)",
     ended_from: "tasks t FORCE INDEX (tasks_ended)",
+    ended_workflows_from: "workflows w FORCE INDEX (workflows_ended)",
     bulk: BulkForm::JoinUnion,
     ignore_duplicate: " ON DUPLICATE KEY UPDATE {k0} = {k0}",
 };

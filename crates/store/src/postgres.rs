@@ -49,6 +49,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     due_state: "state",
     ready_from: "tasks",
     ended_from: "tasks t",
+    ended_workflows_from: "workflows w",
     bulk: BulkForm::ValuesAliased,
     ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",
 };

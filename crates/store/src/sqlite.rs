@@ -58,6 +58,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     // needs a table lookup per row and a sort.
     ready_from: "tasks INDEXED BY tasks_ready_claim",
     ended_from: "tasks t INDEXED BY tasks_ended",
+    ended_workflows_from: "workflows w INDEXED BY workflows_ended",
     bulk: BulkForm::ValuesNumbered,
     ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",
 };

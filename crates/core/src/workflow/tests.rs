@@ -5,6 +5,14 @@ fn def(name: &str, deps: &[&str]) -> StepDef {
     StepDef {
         name: name.into(),
         depends_on: deps.iter().map(|d| d.to_string()).collect(),
+        on_failure: false,
+    }
+}
+
+fn handler(name: &str) -> StepDef {
+    StepDef {
+        on_failure: true,
+        ..def(name, &[])
     }
 }
 
@@ -43,26 +51,49 @@ fn a_diamond_passes_and_bad_shapes_are_named() {
 
 /// The diamond's steps as stored: a READY, the others waiting.
 fn diamond(now: UnixMillis) -> Vec<TaskRecord> {
-    [
-        ("a", vec![]),
-        ("b", vec!["a"]),
-        ("c", vec!["a"]),
-        ("d", vec!["b", "c"]),
-    ]
-    .into_iter()
-    .map(|(name, deps)| {
-        NewTask {
-            workflow: Some(StepLink {
-                workflow_id: "w".into(),
-                step: name.into(),
-                depends_on: deps.into_iter().map(String::from).collect(),
-                parent_outputs: Vec::new(),
-            }),
-            ..NewTask::new("echo", now)
-        }
-        .into_record(now)
-    })
-    .collect()
+    steps_of(
+        &[
+            ("a", vec![]),
+            ("b", vec!["a"]),
+            ("c", vec!["a"]),
+            ("d", vec!["b", "c"]),
+        ],
+        now,
+    )
+}
+
+/// The diamond with an on_failure step `f` (last).
+fn diamond_with_handler(now: UnixMillis) -> Vec<TaskRecord> {
+    steps_of(
+        &[
+            ("a", vec![]),
+            ("b", vec!["a"]),
+            ("c", vec!["a"]),
+            ("d", vec!["b", "c"]),
+            ("f", vec![]),
+        ],
+        now,
+    )
+}
+
+/// Steps (name, parents) as stored; one named `f` is the on_failure step.
+fn steps_of(defs: &[(&str, Vec<&str>)], now: UnixMillis) -> Vec<TaskRecord> {
+    defs.iter()
+        .cloned()
+        .map(|(name, deps)| {
+            NewTask {
+                workflow: Some(StepLink {
+                    workflow_id: "w".into(),
+                    step: name.into(),
+                    on_failure: name == "f",
+                    depends_on: deps.into_iter().map(String::from).collect(),
+                    parent_outputs: Vec::new(),
+                }),
+                ..NewTask::new("echo", now)
+            }
+            .into_record(now)
+        })
+        .collect()
 }
 
 fn run(task: &mut TaskRecord, ok: bool, now: UnixMillis) {
@@ -215,4 +246,230 @@ fn a_retry_reruns_what_did_not_succeed_and_waits_below_it() {
         "never a success"
     );
     assert!(retry(&diamond(1000)).is_empty(), "nothing to re-run");
+}
+
+#[test]
+fn an_on_failure_step_is_checked() {
+    let ok = [def("a", &[]), def("b", &["a"]), handler("f")];
+    assert_eq!(check_steps(&ok, 10), Ok(()));
+    let err = |steps: &[StepDef]| check_steps(steps, 10).unwrap_err();
+    assert!(err(&[handler("f")]).contains("besides its on_failure step"));
+    assert!(err(&[def("a", &[]), handler("f"), handler("g")]).contains("at most one"));
+    let with_deps = StepDef {
+        on_failure: true,
+        ..def("f", &["a"])
+    };
+    assert!(err(&[def("a", &[]), with_deps]).contains("depends on none"));
+    assert!(err(&[def("a", &["f"]), handler("f")]).contains("the on_failure step; no step may"));
+    assert!(
+        check_steps(&ok, 2).unwrap_err().contains("limit is 2"),
+        "it counts"
+    );
+    // Its digest differs from the same steps without it; one without
+    // keeps the digest it had before on_failure existed.
+    let t = crate::schedule::TaskTemplate {
+        handler: "echo".into(),
+        payload: Vec::new(),
+        content_type: String::new(),
+        priority: 0,
+        labels: Default::default(),
+        routing_key: String::new(),
+        retry: crate::RetryPolicy::default(),
+        timeout_ms: 60_000,
+        callback_url: String::new(),
+        balancer: None,
+        concurrency: None,
+    };
+    let plain = [def("a", &[]), def("f", &[])];
+    let fp = |d: &[StepDef]| {
+        fingerprint(
+            FailurePolicy::CancelRemaining,
+            &d.iter().cloned().map(|d| (d, &t)).collect::<Vec<_>>(),
+        )
+    };
+    assert_ne!(fp(&plain), fp(&[def("a", &[]), handler("f")]));
+}
+
+#[test]
+fn the_on_failure_step_runs_only_after_a_failure() {
+    // Everything succeeds: f is cancelled as unneeded, the workflow SUCCEEDED.
+    let mut steps = diamond_with_handler(1000);
+    assert!(is_waiting(&steps[4]), "f waits from the start");
+    assert!(
+        advance(&steps, FailurePolicy::CancelRemaining, false)
+            .release
+            .is_empty(),
+        "f has no parents yet is not released"
+    );
+    run(&mut steps[0], true, 1001);
+    for i in [1, 2] {
+        steps[i] = apply(&steps[i], &Event::Unblock, 1002).unwrap().task;
+        run(&mut steps[i], true, 1003);
+    }
+    steps[3] = apply(&steps[3], &Event::Unblock, 1004).unwrap().task;
+    let a = advance(&steps, FailurePolicy::CancelRemaining, false);
+    assert_eq!(a.state, WorkflowState::Running);
+    assert!(a.cancel.is_empty());
+    run(&mut steps[3], true, 1005);
+    let a = advance(&steps, FailurePolicy::CancelRemaining, false);
+    assert_eq!(a.cancel.len(), 1);
+    assert_eq!(a.cancel[0].0, steps[4].id);
+    assert!(a.cancel[0].1.contains("not needed"), "{}", a.cancel[0].1);
+    assert_eq!(a.state, WorkflowState::Succeeded);
+    assert!(retry(&steps).is_empty(), "nothing to re-run, f stays");
+}
+
+#[test]
+fn a_failure_releases_the_on_failure_step_and_the_workflow_ends_after_it() {
+    // b fails while c runs.
+    let setup = || {
+        let mut steps = diamond_with_handler(1000);
+        run(&mut steps[0], true, 1001);
+        for i in [1, 2] {
+            steps[i] = apply(&steps[i], &Event::Unblock, 1002).unwrap().task;
+        }
+        run(&mut steps[1], false, 1003);
+        steps
+    };
+    // CANCEL_REMAINING: c and d are cancelled, f released at once.
+    let mut steps = setup();
+    let a = advance(&steps, FailurePolicy::CancelRemaining, false);
+    let cancelled: Vec<&str> = a.cancel.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(cancelled, vec![steps[2].id.as_str(), steps[3].id.as_str()]);
+    assert_eq!(a.release, vec![steps[4].id.clone()]);
+    assert_eq!(a.state, WorkflowState::Running, "f has yet to run");
+    for i in [2, 3] {
+        steps[i] = apply(&steps[i], &Event::Cancel { reason: "x".into() }, 1004)
+            .unwrap()
+            .task;
+    }
+    steps[4] = apply(&steps[4], &Event::Unblock, 1004).unwrap().task;
+    assert!(
+        retry_blocked(&steps).is_some_and(|m| m.contains("\"f\"")),
+        "no retry while f runs"
+    );
+    let a = advance(&steps, FailurePolicy::CancelRemaining, false);
+    assert!(
+        a.cancel.is_empty(),
+        "a failure never cancels f: {:?}",
+        a.cancel
+    );
+    assert_eq!(a.state, WorkflowState::Running);
+    run(&mut steps[4], true, 1005);
+    let a = advance(&steps, FailurePolicy::CancelRemaining, false);
+    assert_eq!(a.state, WorkflowState::Failed);
+    assert!(a.message.contains("\"b\""), "{}", a.message);
+    assert!(retry_blocked(&steps).is_none());
+    // RetryWorkflow re-runs b, c and d (c was cancelled), and f, which
+    // succeeded, waits for the next failure.
+    let events = retry(&steps);
+    assert_eq!(events.len(), 4);
+    assert_eq!(
+        events.last(),
+        Some(&(steps[4].id.clone(), Event::RerunAfterParents))
+    );
+    let f = apply(&steps[4], &Event::RerunAfterParents, 1006)
+        .unwrap()
+        .task;
+    assert!(is_waiting(&f), "f waits again");
+
+    // CONTINUE_INDEPENDENT: f waits for c to end, then runs; its own
+    // failure is told in the workflow's message.
+    let mut steps = setup();
+    let a = advance(&steps, FailurePolicy::ContinueIndependent, false);
+    let cancelled: Vec<&str> = a.cancel.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(cancelled, vec![steps[3].id.as_str()]);
+    assert!(a.release.is_empty(), "c still runs");
+    steps[3] = apply(&steps[3], &Event::Cancel { reason: "x".into() }, 1004)
+        .unwrap()
+        .task;
+    run(&mut steps[2], true, 1005);
+    let a = advance(&steps, FailurePolicy::ContinueIndependent, false);
+    assert_eq!(a.release, vec![steps[4].id.clone()]);
+    assert_eq!(a.state, WorkflowState::Running);
+    steps[4] = apply(&steps[4], &Event::Unblock, 1006).unwrap().task;
+    run(&mut steps[4], false, 1007);
+    let a = advance(&steps, FailurePolicy::ContinueIndependent, false);
+    assert_eq!(a.state, WorkflowState::Failed);
+    assert!(
+        a.message.contains("\"b\"") && a.message.contains("on_failure step \"f\" ended FAILED"),
+        "{}",
+        a.message
+    );
+
+    // Cancelled by a caller: f is cancelled with the rest, never run.
+    let steps = setup();
+    let a = advance(&steps, FailurePolicy::CancelRemaining, true);
+    assert!(a.cancel.iter().any(|(id, _)| *id == steps[4].id));
+    assert!(a.release.is_empty());
+    assert_eq!(a.state, WorkflowState::Cancelled);
+}
+
+#[test]
+fn a_step_whose_parents_outputs_are_too_large_is_cancelled_not_released() {
+    let mut steps = diamond(1000);
+    run(&mut steps[0], true, 1001);
+    for i in [1, 2] {
+        steps[i] = apply(&steps[i], &Event::Unblock, 1002).unwrap().task;
+        run(&mut steps[i], true, 1003);
+    }
+    // b's and c's outputs together pass the bound, each alone does not.
+    let half = MAX_ASSIGNMENT_INPUT_BYTES / 2 + 1;
+    steps[1].output = Some(vec![b'x'; half]);
+    steps[2].output = Some(vec![b'y'; half]);
+    let a = advance(&steps, FailurePolicy::CancelRemaining, false);
+    assert!(a.release.is_empty(), "d is not sent");
+    assert_eq!(a.cancel.len(), 1);
+    assert_eq!(a.cancel[0].0, steps[3].id);
+    assert!(
+        a.cancel[0].1.contains("a step's assignment may carry"),
+        "{}",
+        a.cancel[0].1
+    );
+    assert_eq!(a.state, WorkflowState::Failed);
+    steps[2].output = Some(b"small".to_vec());
+    let a = advance(&steps, FailurePolicy::CancelRemaining, false);
+    assert_eq!(
+        a.release,
+        vec![steps[3].id.clone()],
+        "within the bound it goes"
+    );
+}
+
+#[test]
+fn a_step_too_large_to_send_fails_the_workflow_and_releases_its_on_failure_step() {
+    let mut steps = diamond_with_handler(1000);
+    run(&mut steps[0], true, 1001);
+    for i in [1, 2] {
+        steps[i] = apply(&steps[i], &Event::Unblock, 1002).unwrap().task;
+        run(&mut steps[i], true, 1003);
+    }
+    steps[1].output = Some(vec![b'x'; MAX_ASSIGNMENT_INPUT_BYTES]);
+    let a = advance(&steps, FailurePolicy::CancelRemaining, false);
+    assert_eq!(a.cancel.len(), 1, "d: {:?}", a.cancel);
+    assert_eq!(a.release, vec![steps[4].id.clone()], "f runs for it");
+    assert_eq!(a.state, WorkflowState::Running);
+    assert!(a.message.contains("\"d\" was cancelled"), "{}", a.message);
+    // RetryWorkflow sends d back to waiting, never to READY: the advance
+    // after it cancels d again.
+    steps[3] = apply(
+        &steps[3],
+        &Event::Cancel {
+            reason: "big".into(),
+        },
+        1004,
+    )
+    .unwrap()
+    .task;
+    steps[4] = apply(&steps[4], &Event::Unblock, 1004).unwrap().task;
+    run(&mut steps[4], true, 1005);
+    assert_eq!(
+        advance(&steps, FailurePolicy::CancelRemaining, false).state,
+        WorkflowState::Failed
+    );
+    let events = retry(&steps);
+    assert!(
+        events.contains(&(steps[3].id.clone(), Event::RerunAfterParents)),
+        "{events:?}"
+    );
 }

@@ -25,6 +25,7 @@ fn workflow(
                 workflow_id: id.clone(),
                 step: name.to_string(),
                 depends_on: deps.iter().map(|d| d.to_string()).collect(),
+                on_failure: *name == "on-failure",
                 parent_outputs: Vec::new(),
             }),
             ..new_task(handler)
@@ -212,13 +213,168 @@ pub async fn a_diamond_workflow_releases_each_step_once_with_its_parents_outputs
         .await
         .expect("list");
     assert!(listed.iter().any(|w| w.id == id));
-    // Once it has ended, its steps age out like any task.
+    // Once it has ended, it ages out whole: its steps never one by one.
     let removed = store
         .remove_ended(TaskState::Succeeded, later, 0, 100)
         .await
         .expect("retention");
-    assert_eq!(removed, 4);
-    assert!(wf(store, &id).await.steps.is_empty());
+    assert_eq!(removed, 0, "steps go with their workflow");
+    let removed = store
+        .remove_ended_workflows(TaskState::Succeeded, later, 0, 100)
+        .await
+        .expect("workflow retention");
+    assert_eq!(removed, (1, 4));
+    assert!(store.get_workflow(&id).await.expect("get").is_none());
+}
+
+/// Runs a diamond of `handler` to its end (every step succeeds).
+async fn run_diamond(store: &dyn Store, handler: &str) -> String {
+    let (record, steps) = workflow(handler, FailurePolicy::CancelRemaining, DIAMOND);
+    let id = store
+        .create_workflow(record, "fp", steps, T0)
+        .await
+        .expect("create")
+        .workflow
+        .id;
+    for _ in 0..3 {
+        for t in claim(store, handler).await {
+            finish(store, &t, true).await;
+        }
+    }
+    assert_eq!(wf(store, &id).await.state, WorkflowState::Succeeded);
+    id
+}
+
+/// Retention takes an ended workflow whole — its row and every step, once
+/// its end is past its namespace's horizon for its end state (a handler's
+/// horizon does not apply), else the server's — and never a step on its
+/// own, a running workflow, or one whose step still has a callback to
+/// deliver; a workflow larger than the batch goes over several calls, its
+/// row last.
+pub async fn an_ended_workflow_ages_out_whole(fixture: &dyn StoreFixture) {
+    use taskmesh_core::retention::Horizons;
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let ended = run_diamond(store, "wf-age").await;
+    // Another, still running: its first step has ended.
+    let (record, steps) = workflow("wf-run", FailurePolicy::CancelRemaining, DIAMOND);
+    let running = store
+        .create_workflow(record, "fp", steps, T0)
+        .await
+        .expect("create")
+        .workflow
+        .id;
+    finish(store, &claim(store, "wf-run").await[0], true).await;
+    let far = T0 + 30 * 86_400_000;
+    let remove = |state: TaskState, now: i64, default_ms: i64, limit: usize| async move {
+        store
+            .remove_ended_workflows(state, now, default_ms, limit)
+            .await
+            .expect("remove_ended_workflows")
+    };
+
+    assert_eq!(
+        store
+            .remove_ended(TaskState::Succeeded, far, 0, 100)
+            .await
+            .expect("remove_ended"),
+        0,
+        "no step goes on its own"
+    );
+    assert_eq!(
+        remove(TaskState::Succeeded, T0 + 502, 1_000, 100).await,
+        (0, 0),
+        "inside the server's horizon"
+    );
+    assert_eq!(
+        remove(TaskState::Failed, far, 0, 100).await,
+        (0, 0),
+        "not FAILED"
+    );
+    assert_eq!(remove(TaskState::TimedOut, far, 0, 100).await, (0, 0));
+    assert!(matches!(
+        store
+            .remove_ended_workflows(TaskState::Running, far, 0, 100)
+            .await,
+        Err(crate::Error::InvalidArgument(_))
+    ));
+    // The namespace's horizon decides over the server's; a handler's does not.
+    let mut long = Horizons::default();
+    long.set(TaskState::Succeeded, Some(40 * 86_400_000));
+    store
+        .set_retention("default", "", &long)
+        .await
+        .expect("set");
+    let mut quick = Horizons::default();
+    quick.set(TaskState::Succeeded, Some(1));
+    store
+        .set_retention("default", "wf-age", &quick)
+        .await
+        .expect("set");
+    assert_eq!(
+        remove(TaskState::Succeeded, far, 0, 100).await,
+        (0, 0),
+        "the namespace keeps it 40 days"
+    );
+    store
+        .set_retention("default", "", &Horizons::default())
+        .await
+        .expect("unset");
+    store
+        .set_retention("default", "wf-age", &Horizons::default())
+        .await
+        .expect("unset");
+
+    // Past the horizon, in batches of 3 steps: the row goes with the last.
+    assert_eq!(remove(TaskState::Succeeded, far, 0, 3).await, (0, 3));
+    let left = wf(store, &ended).await;
+    assert_eq!(
+        left.steps.len(),
+        1,
+        "the row stays until its last step goes"
+    );
+    assert_eq!(remove(TaskState::Succeeded, far, 0, 3).await, (1, 1));
+    assert!(store.get_workflow(&ended).await.expect("get").is_none());
+    let kept = wf(store, &running).await;
+    assert_eq!(kept.steps.len(), 4, "a running workflow keeps every step");
+    assert_eq!(kept.steps[0].state, TaskState::Succeeded);
+
+    // A step's callback still to deliver holds its whole workflow.
+    let (record, mut steps) = workflow("wf-cb", FailurePolicy::CancelRemaining, &[("only", &[])]);
+    steps[0].callback_url = "http://127.0.0.1:9/cb".into();
+    let with_callback = store
+        .create_workflow(record, "fp", steps, T0)
+        .await
+        .expect("create")
+        .workflow
+        .id;
+    let only = finish(store, &claim(store, "wf-cb").await[0], true).await;
+    assert_eq!(remove(TaskState::Succeeded, far, 0, 100).await, (0, 0));
+    let entry = store
+        .get_task(&only.id)
+        .await
+        .expect("get")
+        .expect("kept")
+        .callback
+        .expect("a pending callback");
+    assert!(
+        store
+            .finish_callback(
+                &entry.delivery_id,
+                &taskmesh_core::CallbackOutcome::Delivered,
+                T0 + 600
+            )
+            .await
+            .expect("deliver")
+    );
+    assert_eq!(remove(TaskState::Succeeded, far, 0, 100).await, (1, 1));
+    assert!(
+        store
+            .get_workflow(&with_callback)
+            .await
+            .expect("get")
+            .is_none()
+    );
 }
 
 /// A failed step under CANCEL_REMAINING cancels every step not ended (the
@@ -500,4 +656,99 @@ async fn get_task(store: &dyn Store, id: &str) -> TaskRecord {
         .await
         .expect("get_task")
         .expect("the task")
+}
+
+/// A workflow's on_failure step waits with no parents, runs once a step
+/// has failed (receiving the failed steps' errors by name), and the
+/// workflow ends FAILED after it; RetryWorkflow is refused while it runs
+/// and re-arms it; when every other step succeeds it is cancelled as
+/// unneeded and the workflow SUCCEEDED.
+pub async fn the_on_failure_step_runs_with_the_failed_steps_errors(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let (record, steps) = workflow(
+        "wf-of",
+        FailurePolicy::CancelRemaining,
+        &[("a", &[]), ("b", &["a"]), ("on-failure", &[])],
+    );
+    let created = store
+        .create_workflow(record, "fp", steps, T0)
+        .await
+        .expect("create")
+        .workflow;
+    let id = created.id;
+    assert_eq!(
+        states(&wf(store, &id).await),
+        [
+            ("a".into(), TaskState::Ready),
+            ("b".into(), TaskState::Pending),
+            ("on-failure".into(), TaskState::Pending),
+        ]
+    );
+    let handler = wf(store, &id).await.steps[2].clone();
+    assert!(
+        handler.workflow.as_ref().unwrap().on_failure,
+        "read back as the on_failure step"
+    );
+    assert!(handler.workflow.as_ref().unwrap().depends_on.is_empty());
+    let a = claim(store, "wf-of").await;
+    assert_eq!(
+        a.iter().map(name).collect::<Vec<_>>(),
+        ["a"],
+        "on-failure is not released"
+    );
+    finish(store, &a[0], false).await;
+    assert_eq!(
+        states(&wf(store, &id).await),
+        [
+            ("a".into(), TaskState::Failed),
+            ("b".into(), TaskState::Cancelled),
+            ("on-failure".into(), TaskState::Ready),
+        ]
+    );
+    assert_eq!(wf(store, &id).await.state, WorkflowState::Running);
+    let h = claim(store, "wf-of").await;
+    assert_eq!(h.iter().map(name).collect::<Vec<_>>(), ["on-failure"]);
+    let outs = &h[0].workflow.as_ref().unwrap().parent_outputs;
+    assert_eq!(outs.len(), 1, "only a failed; b was cancelled");
+    assert_eq!(
+        (outs[0].step.as_str(), outs[0].data.as_slice()),
+        ("a", &b"a broke"[..])
+    );
+    assert!(outs[0].content_type.starts_with("text/plain"));
+    let refused = store.retry_workflow(&id, T0 + 3).await;
+    assert!(
+        matches!(&refused, Err(crate::Error::FailedPrecondition(m)) if m.contains("on-failure")),
+        "{refused:?}"
+    );
+    finish(store, &h[0], true).await;
+    let failed = wf(store, &id).await;
+    assert_eq!(failed.state, WorkflowState::Failed);
+    assert!(failed.message.contains("\"a\""), "{}", failed.message);
+
+    // Retried: a runs again, b waits for it, on-failure waits again.
+    let (retried, n) = store.retry_workflow(&id, T0 + 4).await.expect("retry");
+    assert_eq!(n, 3);
+    assert_eq!(
+        states(&retried),
+        [
+            ("a".into(), TaskState::Ready),
+            ("b".into(), TaskState::Pending),
+            ("on-failure".into(), TaskState::Pending),
+        ]
+    );
+    for _ in 0..2 {
+        let got = claim(store, "wf-of").await;
+        assert_eq!(got.len(), 1, "one step at a time, never on-failure");
+        assert_ne!(name(&got[0]), "on-failure");
+        finish(store, &got[0], true).await;
+    }
+    let done = wf(store, &id).await;
+    assert_eq!(done.state, WorkflowState::Succeeded);
+    assert_eq!(done.steps[2].state, TaskState::Cancelled);
+    assert!(
+        done.steps[2].error_message.contains("not needed"),
+        "{}",
+        done.steps[2].error_message
+    );
 }

@@ -6,7 +6,7 @@
 //! differ: `{lock}` (row locks of a read-modify-write), `{skip_locked}`
 //! (claims), `{labels}` / `{template}` (reading a JSON column as text),
 //! `{false}` and `{due_state}` (a SQLite planner hint), `{ready_from}` and
-//! `{ended_from}` (SQLite and MySQL ones).
+//! `{ended_from}`, `{ended_workflows_from}` (SQLite and MySQL ones).
 //! Placeholders become `$1, $2, …` where the dialect numbers them.
 //!
 //! Statements with a row count in them (multi-row inserts, `IN` lists) come
@@ -62,6 +62,9 @@ pub struct Dialect {
     /// (every ended task of the namespace), and on few rows MariaDB sorts
     /// by hand instead.
     pub ended_from: &'static str,
+    /// The workflows table of retention's scan of ended workflows, as `w`
+    /// (SQLite and MySQL name `workflows_ended`, as for `ended_from`).
+    pub ended_workflows_from: &'static str,
     /// Bulk compare-and-set form.
     pub bulk: BulkForm,
     /// What follows an insert that must ignore a duplicate of the key
@@ -81,7 +84,8 @@ impl Dialect {
             .replace("{false}", self.false_lit)
             .replace("{due_state}", self.due_state)
             .replace("{ready_from}", self.ready_from)
-            .replace("{ended_from}", self.ended_from);
+            .replace("{ended_from}", self.ended_from)
+            .replace("{ended_workflows_from}", self.ended_workflows_from);
         let mut out = String::with_capacity(text.len() + 64);
         let mut n = 0;
         let mut chars = text.chars().peekable();

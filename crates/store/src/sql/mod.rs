@@ -168,6 +168,9 @@ pub(crate) mod testing {
             // Retention's scan: a range of ended tasks in the order they
             // ended, never those kept.
             ("tasks_ended", &sql.ended_ids, "tiiii"),
+            // Workflow retention: ended workflows in the order they ended.
+            ("workflows_ended", &sql.ended_workflows, "tiiii"),
+            ("tasks_workflow", &sql.workflow_step_ids, "ti"),
             // GetStats' queues, by the claim's index.
             ("tasks_ready_claim", &sql.stats_queues, "n"),
             // A workflow's steps, and its parents' outputs at a claim.

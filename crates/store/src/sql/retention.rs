@@ -41,17 +41,7 @@ impl<B: Backend> SqlStore<B> {
             return Ok(0);
         }
         let b = self.backend();
-        // No task ended later than the shortest horizon that can apply.
-        let shortest = b
-            .read(&b.sql().shortest_horizon, args![state.as_str()])
-            .await?
-            .first()
-            .map(|row| row.opt_int("h"))
-            .transpose()
-            .map_err(|e| Error::Internal(format!("bad retention_policies minimum: {e}")))?
-            .flatten()
-            .map_or(default_horizon_ms, |h| h.min(default_horizon_ms));
-        let bound = now.saturating_sub(shortest.max(0));
+        let bound = self.horizon_bound(state, now, default_horizon_ms).await?;
         let chosen = args![
             state.as_str(),
             bound,
@@ -69,23 +59,116 @@ impl<B: Backend> SqlStore<B> {
         self.drop_long_logs(&candidates).await?;
         let mut tx = b.begin_write().await?;
         let ids = ids_of(b.fetch(&mut tx, &b.sql().ended_ids, chosen).await?)?;
-        let mut removed = 0;
-        for list in in_lists(&ids) {
-            let n = list.len();
-            let values: crate::sql::Args = list.into_iter().map(Into::into).collect();
-            // Logs have no foreign key to their task: they go here, with it.
-            b.exec(&mut tx, b.sql().delete_logs_of.get(n), values.clone())
-                .await?;
-            b.exec(
-                &mut tx,
-                b.sql().delete_log_attempts_of.get(n),
-                values.clone(),
-            )
-            .await?;
-            removed += b.exec(&mut tx, b.sql().delete_ended.get(n), values).await?;
-        }
+        let removed = delete_tasks(b, &mut tx, &ids).await?;
         b.commit(tx).await?;
         Ok(removed)
+    }
+
+    /// No row in `state` ended later than this and is past a horizon: now
+    /// less the shortest horizon that can apply (the server's, or one set
+    /// through the API).
+    async fn horizon_bound(
+        &self,
+        state: TaskState,
+        now: UnixMillis,
+        default_horizon_ms: i64,
+    ) -> Result<UnixMillis> {
+        let b = self.backend();
+        let shortest = b
+            .read(&b.sql().shortest_horizon, args![state.as_str()])
+            .await?
+            .first()
+            .map(|row| row.opt_int("h"))
+            .transpose()
+            .map_err(|e| Error::Internal(format!("bad retention_policies minimum: {e}")))?
+            .flatten()
+            .map_or(default_horizon_ms, |h| h.min(default_horizon_ms));
+        Ok(now.saturating_sub(shortest.max(0)))
+    }
+
+    /// Removes ended workflows past their horizon, each with every step
+    /// (the history of a workflow ages out as one unit), the oldest end
+    /// first, at most `limit` steps in all; a workflow of more steps than
+    /// that goes over several calls, its row last. Each workflow goes in
+    /// its own transaction, which holds the workflow's row (so a
+    /// RetryWorkflow either comes first, and the workflow is running
+    /// again and stays, or finds it gone). Returns (workflows, steps)
+    /// removed. Only SUCCEEDED, FAILED and CANCELLED are workflow states.
+    pub(super) async fn remove_ended_workflows_sql(
+        &self,
+        state: TaskState,
+        now: UnixMillis,
+        default_horizon_ms: i64,
+        limit: usize,
+    ) -> Result<(u64, u64)> {
+        if !state.is_terminal() {
+            return Err(Error::InvalidArgument(format!(
+                "only ended workflows are removed; {} is not a terminal state",
+                state.as_str()
+            )));
+        }
+        if limit == 0 || state == TaskState::TimedOut {
+            return Ok((0, 0));
+        }
+        let b = self.backend();
+        let sql = b.sql();
+        let bound = self.horizon_bound(state, now, default_horizon_ms).await?;
+        let chosen = args![
+            state.as_str(),
+            bound,
+            now,
+            default_horizon_ms,
+            sql_limit(limit)
+        ];
+        let mut workflows = Vec::new();
+        for row in b.read(&sql.ended_workflows, chosen).await? {
+            let bad = |e: String| Error::Internal(format!("bad workflows row: {e}"));
+            workflows.push((
+                row.text("id").map_err(bad)?,
+                row.int("ended_at").map_err(bad)?,
+            ));
+        }
+        let (mut gone, mut steps) = (0, 0);
+        let mut budget = limit;
+        for (id, ended_at) in workflows {
+            if budget == 0 {
+                break;
+            }
+            let page = args![id.as_str(), sql_limit(budget)];
+            self.drop_long_logs(&ids_of(
+                b.read(&sql.workflow_step_ids, page.clone()).await?,
+            )?)
+            .await?;
+            let mut tx = b.begin_write().await?;
+            let held = b
+                .fetch(&mut tx, &sql.lock_workflow, args![id.as_str()])
+                .await?;
+            // As chosen, or changed since: gone, or retried (and perhaps
+            // ended again, later, maybe otherwise). Then nothing of it goes.
+            let unchanged = match held.first() {
+                None => false,
+                Some(row) => {
+                    let w = crate::decode::workflow_row(row)?;
+                    w.state.as_str() == state.as_str() && w.ended_at == Some(ended_at)
+                }
+            };
+            if !unchanged {
+                b.commit(tx).await?;
+                continue;
+            }
+            let ids = ids_of(b.fetch(&mut tx, &sql.workflow_step_ids, page).await?)?;
+            let removed = delete_tasks(b, &mut tx, &ids).await?;
+            // Every step went (none was live), and the page held them all.
+            if removed == ids.len() as u64 && ids.len() < budget {
+                gone += b
+                    .exec(&mut tx, &sql.delete_workflow, args![id.as_str()])
+                    .await?;
+            }
+            b.commit(tx).await?;
+            steps += removed;
+            budget = budget.saturating_sub(ids.len().max(1));
+        }
+        Ok((gone, steps))
     }
 
     /// Deletes the log lines of `task_ids`' attempts that hold more than
@@ -247,6 +330,22 @@ impl<B: Backend> SqlStore<B> {
             ))),
         }
     }
+}
+
+/// Deletes the terminal tasks among `ids` with their logs (which have no
+/// foreign key to their task); attempts and callbacks go by cascade.
+async fn delete_tasks<B: Backend>(b: &B, tx: &mut B::Tx, ids: &[String]) -> Result<u64> {
+    let mut removed = 0;
+    for list in in_lists(ids) {
+        let n = list.len();
+        let values: crate::sql::Args = list.into_iter().map(Into::into).collect();
+        b.exec(tx, b.sql().delete_logs_of.get(n), values.clone())
+            .await?;
+        b.exec(tx, b.sql().delete_log_attempts_of.get(n), values.clone())
+            .await?;
+        removed += b.exec(tx, b.sql().delete_ended.get(n), values).await?;
+    }
+    Ok(removed)
 }
 
 /// The `id` column of each row.

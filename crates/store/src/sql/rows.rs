@@ -219,6 +219,9 @@ pub fn body_args(task: &TaskRecord, out: &mut Args) -> Result<()> {
     ]);
     out.push(Val::Text(match &task.workflow {
         None => None,
+        // The on_failure step depends on the failure of any step: `["*"]`
+        // (no step may be named `*`).
+        Some(w) if w.on_failure => Some(crate::decode::ON_FAILURE_DEPENDS_ON.to_string()),
         Some(w) => Some(
             serde_json::to_string(&w.depends_on)
                 .map_err(|e| crate::Error::Internal(format!("depends_on as JSON: {e}")))?,

@@ -86,6 +86,17 @@ impl<B: Backend> Store for SqlStore<B> {
             .await
     }
 
+    async fn remove_ended_workflows(
+        &self,
+        state: TaskState,
+        now: UnixMillis,
+        default_horizon_ms: i64,
+        limit: usize,
+    ) -> Result<(u64, u64)> {
+        self.remove_ended_workflows_sql(state, now, default_horizon_ms, limit)
+            .await
+    }
+
     async fn set_retention(
         &self,
         namespace: &str,

@@ -261,6 +261,30 @@ pub(super) async fn fill_parent_outputs<B: Backend>(
         let Some(link) = task.workflow.as_mut() else {
             continue;
         };
+        if link.on_failure {
+            // The on_failure step's parents are the steps that failed or
+            // timed out: it receives their errors (as text) by name.
+            // As many as an assignment may carry (the first failures
+            // first); errors are short, so only a huge workflow drops any.
+            let mut steps = steps_of(b, tx, &link.workflow_id, false).await?;
+            steps.retain(|t| matches!(t.state, TaskState::Failed | TaskState::TimedOut));
+            steps.sort_by_key(|t| t.times.end);
+            let mut room = wf::MAX_ASSIGNMENT_INPUT_BYTES.saturating_sub(task.payload.len());
+            link.parent_outputs = steps
+                .iter()
+                .filter_map(|t| {
+                    let step = t.workflow.as_ref()?.step.clone();
+                    let size = step.len() + t.error_message.len();
+                    room = room.checked_sub(size)?;
+                    Some(ParentOutput {
+                        step,
+                        data: t.error_message.clone().into_bytes(),
+                        content_type: wf::ERROR_CONTENT_TYPE.into(),
+                    })
+                })
+                .collect();
+            continue;
+        }
         if link.depends_on.is_empty() {
             continue;
         }
@@ -477,13 +501,16 @@ impl<B: Backend> SqlStore<B> {
         let b = self.backend();
         let mut tx = b.begin_write().await?;
         let mut workflow = lock_workflow_row(b, &mut tx, id).await?;
-        let mut steps = steps_of(b, &mut tx, id, true).await?;
+        let steps = steps_of(b, &mut tx, id, true).await?;
         if steps.len() != workflow.step_count as usize {
             return Err(Error::FailedPrecondition(format!(
                 "workflow {id} keeps {} of its {} steps (retention removed the others): it cannot run again",
                 steps.len(),
                 workflow.step_count
             )));
+        }
+        if let Some(why) = wf::retry_blocked(&steps) {
+            return Err(Error::FailedPrecondition(why));
         }
         let events = wf::retry(&steps);
         for (task_id, _) in &events {
@@ -509,11 +536,7 @@ impl<B: Backend> SqlStore<B> {
         }
         let mut changed = Vec::with_capacity(events.len());
         for (task_id, event) in &events {
-            let task = transition_one(b, &mut tx, task_id, event, now).await?;
-            if let Some(slot) = steps.iter_mut().find(|t| t.id == *task_id) {
-                *slot = task.clone();
-            }
-            changed.push(task);
+            changed.push(transition_one(b, &mut tx, task_id, event, now).await?);
         }
         b.exec(
             &mut tx,
@@ -521,14 +544,18 @@ impl<B: Backend> SqlStore<B> {
             args![WorkflowState::Running.as_str(), "", now, None::<i64>, id],
         )
         .await?;
-        b.commit(tx).await?;
-        let changes: Vec<TaskChange> = changed.iter().map(TaskChange::of).collect();
-        self.publish(&changes, &[]);
         workflow.state = WorkflowState::Running;
         workflow.message.clear();
         workflow.updated_at = now;
         workflow.ended_at = None;
-        workflow.steps = steps;
+        // What follows at once: a step put back to wait whose input is too
+        // large to send is cancelled again (and the policy applies); every
+        // step's row is held, so nothing here waits.
+        let (workflow, _) =
+            advance_one(b, &mut tx, workflow, false, true, now, &mut changed).await?;
+        b.commit(tx).await?;
+        let changes: Vec<TaskChange> = changed.iter().map(TaskChange::of).collect();
+        self.publish(&changes, &[]);
         Ok((workflow, u32::try_from(events.len()).unwrap_or(u32::MAX)))
     }
 
