@@ -436,12 +436,10 @@ pub(crate) async fn on_ack(
             Err(err) => {
                 info!(task_id = %ack.task_id, execution_id = %ack.execution_id, error = %err, "ack refused");
                 receipt(&tx, &ack.task_id, &ack.execution_id, Err(err.to_string()));
-                shared.send_cancel(
-                    Some(tx.clone()),
-                    &ack.task_id,
-                    &ack.execution_id,
-                    "ack refused",
-                );
+                // Through the registry: its slot is freed, and a worker
+                // already told (a cancel that committed while the ACK was
+                // held, as the change feed reports) is not told twice.
+                shared.take_back_attempt(&ack.task_id, &ack.execution_id, "ack refused");
             }
         }
     }))
