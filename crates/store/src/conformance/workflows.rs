@@ -47,6 +47,22 @@ fn workflow(
     (record, tasks)
 }
 
+/// Creates a workflow of `steps` (as [`workflow`] makes it); its id.
+async fn start(
+    store: &dyn Store,
+    handler: &str,
+    policy: FailurePolicy,
+    steps: &[(&str, &[&str])],
+) -> String {
+    let (record, steps) = workflow(handler, policy, steps);
+    store
+        .create_workflow(record, "fp", steps, T0)
+        .await
+        .expect("create")
+        .workflow
+        .id
+}
+
 const DIAMOND: &[(&str, &[&str])] = &[("a", &[]), ("b", &["a"]), ("c", &["a"]), ("d", &["b", "c"])];
 
 /// Claims every READY task of `handler` (sorted by step name).
@@ -229,13 +245,7 @@ pub async fn a_diamond_workflow_releases_each_step_once_with_its_parents_outputs
 
 /// Runs a diamond of `handler` to its end (every step succeeds).
 async fn run_diamond(store: &dyn Store, handler: &str) -> String {
-    let (record, steps) = workflow(handler, FailurePolicy::CancelRemaining, DIAMOND);
-    let id = store
-        .create_workflow(record, "fp", steps, T0)
-        .await
-        .expect("create")
-        .workflow
-        .id;
+    let id = start(store, handler, FailurePolicy::CancelRemaining, DIAMOND).await;
     for _ in 0..3 {
         for t in claim(store, handler).await {
             finish(store, &t, true).await;
@@ -257,13 +267,7 @@ pub async fn an_ended_workflow_ages_out_whole(fixture: &dyn StoreFixture) {
     let store = store.as_ref();
     let ended = run_diamond(store, "wf-age").await;
     // Another, still running: its first step has ended.
-    let (record, steps) = workflow("wf-run", FailurePolicy::CancelRemaining, DIAMOND);
-    let running = store
-        .create_workflow(record, "fp", steps, T0)
-        .await
-        .expect("create")
-        .workflow
-        .id;
+    let running = start(store, "wf-run", FailurePolicy::CancelRemaining, DIAMOND).await;
     finish(store, &claim(store, "wf-run").await[0], true).await;
     let far = T0 + 30 * 86_400_000;
     let remove = |state: TaskState, now: i64, default_ms: i64, limit: usize| async move {
@@ -392,13 +396,7 @@ pub async fn a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest
         ("wf-cr", FailurePolicy::CancelRemaining),
         ("wf-ci", FailurePolicy::ContinueIndependent),
     ] {
-        let (record, steps) = workflow(handler, policy, DIAMOND);
-        let id = store
-            .create_workflow(record, "fp", steps, T0)
-            .await
-            .expect("create")
-            .workflow
-            .id;
+        let id = start(store, handler, policy, DIAMOND).await;
         let a = claim(store, handler).await;
         finish(store, &a[0], true).await;
         let bc = claim(store, handler).await;
@@ -468,13 +466,7 @@ pub async fn a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest
         }
     }
 
-    let (record, steps) = workflow("wf-cancel", FailurePolicy::CancelRemaining, DIAMOND);
-    let id = store
-        .create_workflow(record, "fp", steps, T0)
-        .await
-        .expect("create")
-        .workflow
-        .id;
+    let id = start(store, "wf-cancel", FailurePolicy::CancelRemaining, DIAMOND).await;
     let a = claim(store, "wf-cancel").await;
     let (cancelled, stopped) = store
         .cancel_workflow(&id, "stop it", T0 + 3)
@@ -666,17 +658,13 @@ async fn get_task(store: &dyn Store, id: &str) -> TaskRecord {
 pub async fn the_on_failure_step_runs_with_the_failed_steps_errors(fixture: &dyn StoreFixture) {
     let store = fixture.open().await;
     let store = store.as_ref();
-    let (record, steps) = workflow(
+    let id = start(
+        store,
         "wf-of",
         FailurePolicy::CancelRemaining,
         &[("a", &[]), ("b", &["a"]), ("on-failure", &[])],
-    );
-    let created = store
-        .create_workflow(record, "fp", steps, T0)
-        .await
-        .expect("create")
-        .workflow;
-    let id = created.id;
+    )
+    .await;
     assert_eq!(
         states(&wf(store, &id).await),
         [

@@ -41,14 +41,9 @@ impl<B: Backend> SqlStore<B> {
             return Ok(0);
         }
         let b = self.backend();
-        let bound = self.horizon_bound(state, now, default_horizon_ms).await?;
-        let chosen = args![
-            state.as_str(),
-            bound,
-            now,
-            default_horizon_ms,
-            sql_limit(limit)
-        ];
+        let chosen = self
+            .past_horizon(state, now, default_horizon_ms, limit)
+            .await?;
         let candidates = ids_of(b.read(&b.sql().ended_ids, chosen.clone()).await?)?;
         if candidates.is_empty() {
             // Nothing past its horizon: no write transaction at all (a
@@ -64,15 +59,18 @@ impl<B: Backend> SqlStore<B> {
         Ok(removed)
     }
 
-    /// No row in `state` ended later than this and is past a horizon: now
-    /// less the shortest horizon that can apply (the server's, or one set
-    /// through the API).
-    async fn horizon_bound(
+    /// The placeholders of the scans of rows in `state` past their
+    /// horizon (`ended_ids`, `ended_workflows`): the state, a first bound
+    /// (no row that ended later is past a horizon: now less the shortest
+    /// that can apply, the server's or one set through the API), now, the
+    /// server's horizon and the limit.
+    async fn past_horizon(
         &self,
         state: TaskState,
         now: UnixMillis,
         default_horizon_ms: i64,
-    ) -> Result<UnixMillis> {
+        limit: usize,
+    ) -> Result<crate::sql::Args> {
         let b = self.backend();
         let shortest = b
             .read(&b.sql().shortest_horizon, args![state.as_str()])
@@ -83,7 +81,14 @@ impl<B: Backend> SqlStore<B> {
             .map_err(|e| Error::Internal(format!("bad retention_policies minimum: {e}")))?
             .flatten()
             .map_or(default_horizon_ms, |h| h.min(default_horizon_ms));
-        Ok(now.saturating_sub(shortest.max(0)))
+        let bound = now.saturating_sub(shortest.max(0));
+        Ok(args![
+            state.as_str(),
+            bound,
+            now,
+            default_horizon_ms,
+            sql_limit(limit)
+        ])
     }
 
     /// Removes ended workflows past their horizon, each with every step
@@ -112,14 +117,9 @@ impl<B: Backend> SqlStore<B> {
         }
         let b = self.backend();
         let sql = b.sql();
-        let bound = self.horizon_bound(state, now, default_horizon_ms).await?;
-        let chosen = args![
-            state.as_str(),
-            bound,
-            now,
-            default_horizon_ms,
-            sql_limit(limit)
-        ];
+        let chosen = self
+            .past_horizon(state, now, default_horizon_ms, limit)
+            .await?;
         let mut workflows = Vec::new();
         for row in b.read(&sql.ended_workflows, chosen).await? {
             let bad = |e: String| Error::Internal(format!("bad workflows row: {e}"));
