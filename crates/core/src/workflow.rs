@@ -376,6 +376,7 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
         .filter(|t| t.state.is_terminal() && t.state != TaskState::Succeeded)
         .min_by_key(|t| (t.times.end, t.id.clone()));
     let mut out = Advance::default();
+    let sizes = output_sizes(steps);
     // True once a step has failed, or is cancelled here for its input size.
     let mut any_failed = failed_first.is_some();
     if let Some(f) = failed_first {
@@ -411,7 +412,7 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
                     .iter()
                     .all(|p| ends.get(*p) == Some(&TaskState::Succeeded))
                 {
-                    if let Some(why) = too_large(t, steps) {
+                    if let Some(why) = too_large(t, &sizes) {
                         // Not sent: a failure of this step, decided here.
                         if !any_failed {
                             out.message = format!("step {name:?} was cancelled: {why}");
@@ -498,23 +499,29 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
     out
 }
 
+/// What each step (the on_failure step aside) adds to a child's
+/// assignment: its name, output and media type, in bytes. Read once per
+/// [`advance`] or [`retry`].
+fn output_sizes(steps: &[TaskRecord]) -> HashMap<&str, usize> {
+    steps
+        .iter()
+        .filter_map(|p| {
+            let w = p.workflow.as_ref().filter(|w| !w.on_failure)?;
+            let size =
+                w.step.len() + p.output.as_ref().map_or(0, Vec::len) + p.output_content_type.len();
+            Some((w.step.as_str(), size))
+        })
+        .collect()
+}
+
 /// Why step `t`, whose parents all succeeded, cannot be sent: its payload
 /// and its parents' outputs total more than [`MAX_ASSIGNMENT_INPUT_BYTES`].
-fn too_large(t: &TaskRecord, steps: &[TaskRecord]) -> Option<String> {
+fn too_large(t: &TaskRecord, sizes: &HashMap<&str, usize>) -> Option<String> {
     let parents = &t.workflow.as_ref()?.depends_on;
     let input = t.payload.len()
-        + steps
+        + parents
             .iter()
-            .filter(|p| {
-                p.workflow
-                    .as_ref()
-                    .is_some_and(|w| !w.on_failure && parents.contains(&w.step))
-            })
-            .map(|p| {
-                p.workflow.as_ref().map_or(0, |w| w.step.len())
-                    + p.output.as_ref().map_or(0, Vec::len)
-                    + p.output_content_type.len()
-            })
+            .map(|p| sizes.get(p.as_str()).copied().unwrap_or(0))
             .sum::<usize>();
     (input > MAX_ASSIGNMENT_INPUT_BYTES).then(|| {
         format!(
@@ -541,6 +548,7 @@ pub fn retry(steps: &[TaskRecord]) -> Vec<(String, crate::Event)> {
         .filter(|t| t.state == TaskState::Succeeded)
         .filter_map(|t| Some(t.workflow.as_ref()?.step.as_str()))
         .collect();
+    let sizes = output_sizes(steps);
     let mut events: Vec<(String, crate::Event)> = steps
         .iter()
         .filter(|t| {
@@ -557,7 +565,7 @@ pub fn retry(steps: &[TaskRecord]) -> Vec<(String, crate::Event)> {
                 .workflow
                 .as_ref()
                 .is_none_or(|w| w.depends_on.iter().all(|p| succeeded.contains(p.as_str())))
-                && too_large(t, steps).is_none();
+                && too_large(t, &sizes).is_none();
             let event = if ready {
                 crate::Event::Rerun
             } else {
