@@ -146,7 +146,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         removed_during_run: args.ended.saturating_sub(left?),
         removal_window_s,
         retention_succeeded_s: args.retention_succeeded.map(|d| d.as_secs_f64()),
-        retention_batch: args.retention_batch,
+        retention_batch: super::load::retention_batch(args),
         sqlite_bytes: sqlite_samples,
         workers: args.workers,
         worker_concurrency: args.worker_concurrency,

@@ -102,9 +102,10 @@ pub struct LoadArgs {
     #[arg(long, value_parser = humantime::parse_duration)]
     pub retention_succeeded: Option<Duration>,
     /// Ended tasks the node's retention removes per state per pass, and
-    /// fire records per schedule (as `serve --retention-batch`).
-    #[arg(long, default_value_t = taskmesh_scheduler::retention::DEFAULT_BATCH, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub retention_batch: u32,
+    /// fire records per schedule (as `serve --retention-batch`: 256 on
+    /// SQLite, 64 on Postgres and MySQL unless given).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub retention_batch: Option<u32>,
     /// `workers`: how many workers the extra process connects, each on a
     /// connection of its own.
     #[arg(long, default_value_t = super::fleet::DEFAULT_FLEET)]
@@ -268,6 +269,14 @@ enum Workers {
     Processes(Vec<tokio::process::Child>),
 }
 
+/// The retention batch of a run: `--retention-batch`, else the default
+/// for its store (as `serve`).
+pub fn retention_batch(args: &LoadArgs) -> u32 {
+    args.retention_batch.unwrap_or_else(|| {
+        taskmesh_scheduler::retention::default_batch(args.database_url.as_deref())
+    })
+}
+
 impl Rig {
     /// The database under the node, for a bulk fill of its own
     /// ([`super::fill`]).
@@ -293,7 +302,7 @@ impl Rig {
         if let Some(horizon) = args.retention_succeeded {
             opts.scheduler.retention.succeeded = Some(horizon);
         }
-        opts.scheduler.retention.batch = args.retention_batch as usize;
+        opts.scheduler.retention.batch = retention_batch(args) as usize;
         // Nor the per-client connection limit: every connection of a bench
         // comes from 127.0.0.1 (`--scenario workers` opens up to 10,000).
         opts.conn_limits.max_total = 16_384;
