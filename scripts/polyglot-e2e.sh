@@ -11,7 +11,8 @@
 # 100 tasks submitted by Node all SUCCEEDED (watched, then read back with
 # GetTask, outputs equal to payloads); a failing handler ends FAILED; a
 # diamond workflow submitted over REST by dag_example.py whose Python steps
-# add up their parents' outputs; a
+# add up their parents' outputs; a Python handler (py.fanout) spawning 5
+# children with its worker token, listed by parent (children_example.py); a
 # Python handler's log lines are followed live and read back (`taskmesh
 # logs`), in both modes; tasks
 # running at SIGTERM are finished by the drain; the worker exits 0; its own
@@ -213,6 +214,9 @@ check "node: a py.fail task ends FAILED with the handler's message" \
 check "python: a workflow's steps get their parents' outputs (dag_example.py over REST)" \
   env TASKMESH_TOKEN="$client_token" "$py" "$worker_dir/dag_example.py" \
   --base "https://127.0.0.1:$http_port" --ids-file "$tmp/dag-ids"
+check "python: a handler spawns 5 children with its worker token, listed by parent (children_example.py)" \
+  env TASKMESH_TOKEN="$client_token" "$py" "$worker_dir/children_example.py" \
+  --base "https://127.0.0.1:$http_port" --n 5 --ids-file "$tmp/children-ids"
 
 # python_logs IDS_FILE N LIVE: a py.log task of N lines 250 ms apart, its
 # lines followed with `taskmesh logs --follow` (with LIVE=1 the first one
@@ -282,9 +286,10 @@ sys.exit(1 if problems else 0)
 PY
 }
 cross_check() {
-  cat "$tmp/echo-ids" "$tmp/sleep-ids" "$tmp/log-ids" "$tmp/dag-ids" >"$tmp/succeeded-ids"
+  cat "$tmp/echo-ids" "$tmp/sleep-ids" "$tmp/log-ids" "$tmp/dag-ids" "$tmp/children-ids" \
+    >"$tmp/succeeded-ids"
   compare_stats worker "$tmp/worker-stats.json" "$tmp/succeeded-ids" \
-    '{"succeeded": 108, "failed": 1, "results_accepted": 109, "results_refused": 0, "rejected": 0, "sessions": 1}'
+    '{"succeeded": 114, "failed": 1, "results_accepted": 115, "results_refused": 0, "rejected": 0, "sessions": 1}'
 }
 check "python: the worker's own count matches the node client's tasks" cross_check
 

@@ -299,13 +299,13 @@ fn rpcs(f: &Fixture) -> Vec<Rpc> {
         rpc(
             "/taskmesh.v1.TaskApi/SubmitTask",
             Unary,
-            Write,
+            Submit,
             Box::new(move |ns| enc(submit(ns))),
         ),
         rpc(
             "/taskmesh.v1.TaskApi/SubmitTasks",
             Unary,
-            Write,
+            Submit,
             Box::new(move |ns| {
                 enc(pb::SubmitTasksRequest {
                     tasks: vec![submit(ns)],
@@ -1444,4 +1444,98 @@ async fn a_worker_id_held_on_another_replica_cannot_be_taken_over() {
     for r in [a, b] {
         stop_node(r).await;
     }
+}
+
+#[tokio::test]
+async fn a_worker_token_submits_children_of_a_live_task_and_nothing_else() {
+    let f = Fixture::start().await;
+    let worker = f.token(Role::Worker).to_string();
+    let mut api = pb::task_api_client::TaskApiClient::new(f.channel.clone());
+    let child = |parent: &str| pb::SubmitTaskRequest {
+        handler: "nobody-serves-this".into(),
+        parent_task_id: parent.into(),
+        ..Default::default()
+    };
+    let made = api
+        .submit_task(with_token(&worker, child(&f.task_id)))
+        .await
+        .expect("a worker token submits a child of a live task")
+        .into_inner();
+    assert_eq!(made.task.unwrap().parent_task_id, f.task_id);
+    let refused = |what: &str, got: Result<_, tonic::Status>| match got {
+        Ok(_) => panic!("{what}: accepted"),
+        Err(status) => assert_eq!(status.code(), Code::PermissionDenied, "{what}: {status:?}"),
+    };
+    refused(
+        "a task of its own",
+        api.submit_task(with_token(&worker, child("")))
+            .await
+            .map(|_| ()),
+    );
+    refused(
+        "a batch with one task of its own",
+        api.submit_tasks(with_token(
+            &worker,
+            pb::SubmitTasksRequest {
+                tasks: vec![child(&f.task_id), child("")],
+            },
+        ))
+        .await
+        .map(|_| ()),
+    );
+    let step = pb::WorkflowStepSpec {
+        name: "a".into(),
+        template: Some(pb::TaskTemplate {
+            handler: "nobody-serves-this".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    refused(
+        "a workflow of its own",
+        api.submit_workflow(with_token(
+            &worker,
+            pb::SubmitWorkflowRequest {
+                steps: vec![step.clone()],
+                ..Default::default()
+            },
+        ))
+        .await
+        .map(|_| ()),
+    );
+    // Under the parent, a child workflow is accepted.
+    let wf = api
+        .submit_workflow(with_token(
+            &worker,
+            pb::SubmitWorkflowRequest {
+                steps: vec![step],
+                parent_task_id: f.task_id.clone(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("a child workflow")
+        .into_inner();
+    assert_eq!(wf.workflow.unwrap().parent_task_id, f.task_id);
+    // Nothing else was written: the parent has the child and the step.
+    let children = api
+        .list_tasks(with_token(
+            BOOTSTRAP,
+            pb::ListTasksRequest {
+                parent_task_id: f.task_id.clone(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("list by parent")
+        .into_inner()
+        .tasks;
+    assert_eq!(children.len(), 2);
+    let all = api
+        .list_tasks(with_token(BOOTSTRAP, pb::ListTasksRequest::default()))
+        .await
+        .expect("list")
+        .into_inner()
+        .tasks;
+    assert_eq!(all.len(), 3, "the fixture's task and its two children");
 }

@@ -137,6 +137,9 @@ pub struct SubmitArgs {
     /// Most tasks of --concurrency-key in flight at once (1-10000).
     #[arg(long, requires = "concurrency_key", value_name = "N")]
     concurrency_limit: Option<u32>,
+    /// Submit it as a child of this live task (cancelled with it).
+    #[arg(long, value_name = "TASK_ID")]
+    parent: Option<String>,
     #[command(flatten)]
     common: Common,
 }
@@ -162,6 +165,9 @@ pub struct ListArgs {
     /// Only tasks carrying this label: KEY (any value) or KEY=VALUE.
     #[arg(long, value_name = "KEY[=VALUE]")]
     label: Option<String>,
+    /// Only the children of this task.
+    #[arg(long, value_name = "TASK_ID")]
+    parent: Option<String>,
     /// Page size (1-1000).
     #[arg(long, default_value_t = 20)]
     limit: u32,
@@ -243,6 +249,9 @@ fn print_task(t: &pb::Task) {
             t.concurrency_key, t.concurrency_limit
         );
     }
+    if !t.parent_task_id.is_empty() {
+        println!("parent:   {}", t.parent_task_id);
+    }
     if let Some(out) = &t.output {
         println!("output:   {}", String::from_utf8_lossy(&out.data));
     }
@@ -276,6 +285,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         namespace: args.common.namespace.clone(),
         concurrency_key: args.concurrency_key.unwrap_or_default(),
         concurrency_limit: args.concurrency_limit.unwrap_or_default(),
+        parent_task_id: args.parent.unwrap_or_default(),
         ..Default::default()
     };
     let resp = api
@@ -335,6 +345,7 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
             namespace: args.common.namespace.clone(),
             view: pb::TaskView::Summary as i32,
             label: args.label.unwrap_or_default(),
+            parent_task_id: args.parent.unwrap_or_default(),
             ..Default::default()
         })
         .await

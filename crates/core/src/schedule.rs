@@ -241,6 +241,7 @@ impl TaskTemplate {
             schedule_id: None,
             concurrency: t.concurrency.clone(),
             workflow: None,
+            parent_task_id: None,
         }
     }
 }

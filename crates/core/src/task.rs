@@ -173,6 +173,9 @@ pub struct NewTask {
     /// The workflow step it is, if any: a step with parents is stored
     /// waiting (PENDING, never due) until they succeed.
     pub workflow: Option<crate::workflow::StepLink>,
+    /// The task it is a child of, if any (cancelling that task cancels
+    /// this one).
+    pub parent_task_id: Option<String>,
 }
 
 impl NewTask {
@@ -201,6 +204,7 @@ impl NewTask {
             schedule_id: None,
             concurrency: None,
             workflow: None,
+            parent_task_id: None,
         }
     }
 
@@ -226,6 +230,8 @@ impl NewTask {
             // still match their requests.
             #[serde(skip_serializing_if = "Option::is_none")]
             concurrency: Option<&'a Concurrency>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            parent_task_id: Option<&'a str>,
         }
         let body = serde_json::to_vec(&Fingerprint {
             handler: &self.handler,
@@ -240,6 +246,7 @@ impl NewTask {
             timeout_ms: self.timeout_ms,
             run_at: requested_run_at,
             concurrency: self.concurrency.as_ref(),
+            parent_task_id: self.parent_task_id.as_deref(),
         })
         .unwrap_or_default();
         let digest = Sha256::digest(&body);
@@ -300,6 +307,7 @@ impl NewTask {
             schedule_id: self.schedule_id,
             concurrency: self.concurrency,
             workflow: self.workflow,
+            parent_task_id: self.parent_task_id,
             attempts: Vec::new(),
             callback: None,
         }
@@ -391,6 +399,8 @@ pub struct TaskRecord {
     pub concurrency: Option<Concurrency>,
     /// The workflow step it is, if any.
     pub workflow: Option<crate::workflow::StepLink>,
+    /// The task it is a child of, if any.
+    pub parent_task_id: Option<String>,
     /// Attempts, oldest first (may be left empty by list queries).
     pub attempts: Vec<AttemptRecord>,
     /// The callback outbox entry, once the task ended with a callback URL.

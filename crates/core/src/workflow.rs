@@ -161,6 +161,8 @@ pub struct WorkflowRecord {
     pub updated_at: UnixMillis,
     /// Ended, if it has.
     pub ended_at: Option<UnixMillis>,
+    /// The task it was submitted under (each step is that task's child).
+    pub parent_task_id: Option<String>,
     /// The steps' tasks (attempts left empty); empty in listings.
     pub steps: Vec<TaskRecord>,
 }
@@ -299,6 +301,7 @@ pub fn check_steps(steps: &[StepDef], max_steps: usize) -> Result<(), String> {
 pub fn fingerprint(
     policy: FailurePolicy,
     steps: &[(StepDef, &crate::schedule::TaskTemplate)],
+    parent_task_id: Option<&str>,
 ) -> String {
     use sha2::{Digest, Sha256};
     #[derive(Serialize)]
@@ -311,18 +314,20 @@ pub fn fingerprint(
         on_failure: bool,
         template: &'a crate::schedule::TaskTemplate,
     }
-    let body = serde_json::to_vec(&(
-        policy,
-        steps
-            .iter()
-            .map(|(d, t)| Step {
-                name: &d.name,
-                depends_on: &d.depends_on,
-                on_failure: d.on_failure,
-                template: t,
-            })
-            .collect::<Vec<_>>(),
-    ))
+    let steps: Vec<Step<'_>> = steps
+        .iter()
+        .map(|(d, t)| Step {
+            name: &d.name,
+            depends_on: &d.depends_on,
+            on_failure: d.on_failure,
+            template: t,
+        })
+        .collect();
+    // A workflow without a parent keeps the digest it had before children.
+    let body = match parent_task_id {
+        None => serde_json::to_vec(&(policy, steps)),
+        Some(parent) => serde_json::to_vec(&(policy, steps, parent)),
+    }
     .unwrap_or_default();
     Sha256::digest(&body)
         .iter()

@@ -91,6 +91,10 @@ pub enum Need {
     Read,
     /// Changing tasks and schedules: admin, submitter.
     Write,
+    /// Submitting tasks and workflows: admin, submitter, and a worker,
+    /// whose submits the call refuses unless they name a parent task (a
+    /// handler spawning children).
+    Submit,
     /// Being a worker (streams, push sessions, out-of-band ACKs): admin, worker.
     Work,
     /// Managing tokens: admin.
@@ -131,6 +135,7 @@ impl Identity {
             Need::Nothing => true,
             Need::Read => matches!(role, Role::Admin | Role::Submitter | Role::Reader),
             Need::Write => matches!(role, Role::Admin | Role::Submitter),
+            Need::Submit => matches!(role, Role::Admin | Role::Submitter | Role::Worker),
             Need::Work => matches!(role, Role::Admin | Role::Worker),
             Need::Admin => role == Role::Admin,
         }
@@ -207,6 +212,7 @@ pub fn need_of(path: &str, open_reflection: bool) -> Option<Need> {
             | "ListWorkflows"
             | "WatchWorkflow" => Need::Read,
             "AckTask" => Need::Work,
+            "SubmitTask" | "SubmitTasks" | "SubmitWorkflow" => Need::Submit,
             // Draining a worker is an operator's act, not a submitter's.
             "DrainWorker" => Need::Admin,
             _ => Need::Write,
@@ -441,7 +447,10 @@ mod tests {
         let paths = [
             ("/taskmesh.v1.TaskApi/GetTask", Need::Read),
             ("/taskmesh.v1.TaskApi/ListWorkers", Need::Read),
-            ("/taskmesh.v1.TaskApi/SubmitTask", Need::Write),
+            ("/taskmesh.v1.TaskApi/SubmitTask", Need::Submit),
+            ("/taskmesh.v1.TaskApi/SubmitTasks", Need::Submit),
+            ("/taskmesh.v1.TaskApi/SubmitWorkflow", Need::Submit),
+            ("/taskmesh.v1.TaskApi/CancelWorkflow", Need::Write),
             ("/taskmesh.v1.TaskApi/CancelTask", Need::Write),
             ("/taskmesh.v1.TaskApi/CreateSchedule", Need::Write),
             ("/taskmesh.v1.TaskApi/RetryTask", Need::Write),
@@ -473,16 +482,22 @@ mod tests {
             Some(Need::Nothing)
         );
         let table = [
-            (Role::Admin, [true, true, true, true]),
-            (Role::Submitter, [true, true, false, false]),
-            (Role::Reader, [true, false, false, false]),
-            (Role::Worker, [false, false, true, false]),
+            (Role::Admin, [true, true, true, true, true]),
+            (Role::Submitter, [true, true, false, false, true]),
+            (Role::Reader, [true, false, false, false, false]),
+            (Role::Worker, [false, false, true, false, true]),
         ];
         for (role, allowed) in table {
-            let got: Vec<bool> = [Need::Read, Need::Write, Need::Work, Need::Admin]
-                .into_iter()
-                .map(|n| token(role).allows(n))
-                .collect();
+            let got: Vec<bool> = [
+                Need::Read,
+                Need::Write,
+                Need::Work,
+                Need::Admin,
+                Need::Submit,
+            ]
+            .into_iter()
+            .map(|n| token(role).allows(n))
+            .collect();
             assert_eq!(got, allowed, "{role}");
         }
         assert!(Identity::open().allows(Need::Admin));

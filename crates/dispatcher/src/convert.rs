@@ -198,6 +198,7 @@ pub fn task_to_pb(t: &TaskRecord) -> pb::Task {
             .as_ref()
             .map(|w| w.depends_on.clone())
             .unwrap_or_default(),
+        parent_task_id: t.parent_task_id.clone().unwrap_or_default(),
     }
 }
 

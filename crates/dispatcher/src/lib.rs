@@ -9,6 +9,7 @@ mod admin_api;
 pub mod auth;
 pub mod balancer;
 mod batcher;
+mod children;
 pub mod convert;
 mod engine;
 mod error;

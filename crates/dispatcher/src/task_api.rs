@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 
 use crate::auth::{self, Identity};
 use crate::{
-    Error,
+    Error, children,
     convert::{duration_millis, millis_of, state_from_pb, task_to_pb},
     engine::Shared,
     ops_api, schedule_api, workflow_api,
@@ -167,6 +167,8 @@ fn new_task(
             schedule_id: None,
             concurrency,
             workflow: None,
+            // Set by the caller once checked (`children::parent_of`).
+            parent_task_id: None,
         },
         fingerprint_run_at,
     ))
@@ -253,14 +255,13 @@ impl pb::task_api_server::TaskApi for TaskApiService {
     ) -> Result<Response<pb::SubmitTaskResponse>, Status> {
         let traceparent = traceparent_of(request.metadata());
         let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        children::may_submit(&who, &request.get_ref().parent_task_id)?;
         let now = self.shared.clock.now_millis();
-        let (task, fp_run_at) = new_task(
-            &self.shared,
-            request.into_inner(),
-            namespace,
-            traceparent,
-            now,
-        )?;
+        let req = request.into_inner();
+        let parent_task_id = req.parent_task_id.clone();
+        let (mut task, fp_run_at) = new_task(&self.shared, req, namespace, traceparent, now)?;
+        task.parent_task_id =
+            children::parent_of(&self.shared, &task.namespace, &parent_task_id).await?;
         let admitted_in = task.namespace.clone();
         self.shared.quotas.admit_tasks(&admitted_in, 1)?;
         let fingerprint = task.request_fingerprint(fp_run_at);
@@ -268,6 +269,9 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         self.shared.quotas.settled(&admitted_in, 1);
         let created = created.map_err(Error::from)?;
         let t = &created.task;
+        if let Some(parent) = &t.parent_task_id {
+            children::settle(&self.shared, &t.namespace, parent).await;
+        }
         if !created.existing {
             debug!(task_id = %t.id, handler = %t.handler, state = %t.state, "task submitted");
             meters::submitted(&t.namespace, &t.handler, 1);
@@ -320,6 +324,16 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                 return Err(invalid(format!("view {} is not a known TaskView", req.view)).into());
             }
         };
+        let parent_task_id = if req.parent_task_id.is_empty() {
+            None
+        } else {
+            Some(id::parse_task_id(&req.parent_task_id).ok_or_else(|| {
+                invalid(format!(
+                    "parent_task_id {:?} is not a valid task id (a UUID)",
+                    req.parent_task_id
+                ))
+            })?)
+        };
         let before_id = if req.page_token.is_empty() {
             None
         } else {
@@ -347,6 +361,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                 created_before: ops_api::instant("created_before", req.created_before.as_ref())?,
                 client_request_id: (!req.client_request_id.is_empty())
                     .then_some(req.client_request_id),
+                parent_task_id,
             })
             .await
             .map_err(Error::from)?;
@@ -389,6 +404,13 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         validate::short_text("reason", &req.reason).map_err(invalid)?;
         let before = load_in(&self.shared, &namespace, &id).await?;
         if before.state.is_terminal() {
+            // Cancelling a cancelled task again sweeps its children again:
+            // how a sweep cut short (a node lost after the parent's cancel)
+            // is finished.
+            if before.state == TaskState::Cancelled {
+                children::cancel_children(&self.shared, &namespace, &id, "parent task cancelled")
+                    .await?;
+            }
             return Ok(Response::new(pb::CancelTaskResponse {
                 task: Some(shown(&who, &before)),
             }));
@@ -399,6 +421,10 @@ impl pb::task_api_server::TaskApi for TaskApiService {
             req.reason
         };
         let task = ops_api::cancel_one(&self.shared, &before, &reason).await?;
+        if task.state == TaskState::Cancelled {
+            children::cancel_children(&self.shared, &namespace, &id, "parent task cancelled")
+                .await?;
+        }
         let task = self
             .shared
             .store
@@ -534,6 +560,12 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         let traceparent = traceparent_of(request.metadata());
         let who = auth::identity(&request);
         let req = request.into_inner();
+        // A worker's batch is children only, or refused whole.
+        match req.tasks.iter().find(|t| t.parent_task_id.is_empty()) {
+            Some(t) => children::may_submit(&who, &t.parent_task_id)?,
+            None if req.tasks.is_empty() => children::may_submit(&who, "")?,
+            None => {}
+        }
         if req.tasks.is_empty() || req.tasks.len() > 10_000 {
             return Err(invalid(format!(
                 "tasks must hold 1 to 10000 entries, got {}",
@@ -547,10 +579,33 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         let mut results: Vec<Option<pb::SubmitTasksResult>> = Vec::with_capacity(req.tasks.len());
         let mut valid = Vec::new();
         let mut slots = Vec::new();
+        // Each parent is read once however many entries name it.
+        let mut parents: HashMap<(String, String), Result<Option<String>, Status>> = HashMap::new();
         for (i, task) in req.tasks.into_iter().enumerate() {
-            let entry = who.namespace_for(&task.namespace).and_then(|namespace| {
+            let parent_task_id = task.parent_task_id.clone();
+            let mut entry = who.namespace_for(&task.namespace).and_then(|namespace| {
                 new_task(&self.shared, task, namespace, traceparent.clone(), now)
             });
+            if let Ok((task, _)) = &mut entry {
+                let key = (task.namespace.clone(), parent_task_id);
+                let parent = match parents.get(&key) {
+                    Some(found) => found.clone(),
+                    None => {
+                        let found = children::parent_of(&self.shared, &key.0, &key.1)
+                            .await
+                            .map_err(Status::from);
+                        parents.insert(key, found.clone());
+                        found
+                    }
+                };
+                match parent {
+                    Ok(parent) => task.parent_task_id = parent,
+                    Err(status) => {
+                        results.push(Some(refused(status)));
+                        continue;
+                    }
+                }
+            }
             match entry {
                 Ok((task, fp_run_at)) => {
                     let fingerprint = task.request_fingerprint(fp_run_at);
@@ -605,6 +660,16 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                 self.shared.quotas.settled(namespace, *n);
             }
             let created = created.map_err(Error::from)?;
+            let mut parents_of_new: Vec<(String, String)> = created
+                .iter()
+                .flatten()
+                .filter_map(|c| Some((c.task.namespace.clone(), c.task.parent_task_id.clone()?)))
+                .collect();
+            parents_of_new.sort_unstable();
+            parents_of_new.dedup();
+            for (namespace, parent) in &parents_of_new {
+                children::settle(&self.shared, namespace, parent).await;
+            }
             let (mut ready, mut later) = (false, false);
             let mut per_handler: HashMap<(String, String), u64> = HashMap::new();
             for (i, outcome) in slots.into_iter().zip(created) {
@@ -948,8 +1013,9 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         &self,
         request: Request<pb::SubmitWorkflowRequest>,
     ) -> Result<Response<pb::SubmitWorkflowResponse>, Status> {
-        let (_, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
-        let answer = workflow_api::submit(&self.shared, namespace, request.into_inner()).await?;
+        let (who, namespace) = scope(&self.shared, &request, &request.get_ref().namespace)?;
+        let answer =
+            workflow_api::submit(&self.shared, &who, namespace, request.into_inner()).await?;
         Ok(Response::new(answer))
     }
 

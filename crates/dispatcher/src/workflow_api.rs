@@ -17,7 +17,7 @@ use tracing::info;
 use crate::convert::timestamp;
 use crate::engine::Shared;
 use crate::schedule_api::template_at;
-use crate::{Error, task_api::task_id_of};
+use crate::{Error, children, task_api::task_id_of};
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
@@ -91,15 +91,18 @@ pub(crate) fn to_pb(w: &WorkflowRecord) -> pb::Workflow {
         client_request_id: w.client_request_id.clone().unwrap_or_default(),
         created_at: Some(timestamp(w.created_at)),
         ended_at: w.ended_at.map(timestamp),
+        parent_task_id: w.parent_task_id.clone().unwrap_or_default(),
     }
 }
 
 /// SubmitWorkflow in `namespace`.
 pub(crate) async fn submit(
     shared: &Shared,
+    who: &crate::auth::Identity,
     namespace: String,
     req: pb::SubmitWorkflowRequest,
 ) -> Result<pb::SubmitWorkflowResponse, Error> {
+    children::may_submit(who, &req.parent_task_id)?;
     let max = shared.opts.max_workflow_steps;
     if req.steps.len() > max {
         return Err(invalid(format!(
@@ -133,6 +136,8 @@ pub(crate) async fn submit(
     for (s, _, at) in specs {
         templates.push(template_at(shared, s.template, &at)?);
     }
+    // Checked last: a definition refused costs no read.
+    let parent = children::parent_of(shared, &namespace, &req.parent_task_id).await?;
     let fp = fingerprint(
         policy,
         &defs
@@ -140,6 +145,7 @@ pub(crate) async fn submit(
             .cloned()
             .zip(templates.iter())
             .collect::<Vec<_>>(),
+        parent.as_deref(),
     );
     let now = shared.clock.now_millis();
     let workflow_id = id::new_task_id();
@@ -154,6 +160,7 @@ pub(crate) async fn submit(
                 on_failure: d.on_failure,
                 parent_outputs: Vec::new(),
             }),
+            parent_task_id: parent.clone(),
             ..t.to_task(id::new_task_id(), &namespace, now)
         })
         .collect();
@@ -169,12 +176,16 @@ pub(crate) async fn submit(
         created_at: now,
         updated_at: now,
         ended_at: None,
+        parent_task_id: parent.clone(),
         steps: Vec::new(),
     };
     shared.quotas.admit_tasks(&namespace, n as u64)?;
     let created = shared.store.create_workflow(record, &fp, steps, now).await;
     shared.quotas.settled(&namespace, n as u64);
     let created = created?;
+    if let Some(parent) = &parent {
+        children::settle(shared, &namespace, parent).await;
+    }
     if !created.existing {
         info!(workflow_id = %created.workflow.id, steps = n, "workflow submitted");
         for t in &created.workflow.steps {

@@ -55,6 +55,7 @@ macro_rules! store_conformance_suite {
             create_tasks_many,
             concurrent_idempotent_creates,
             list_filters_and_paging,
+            children_are_listed_by_parent,
             full_life_records_attempts,
             stale_execution_refused,
             missing_task_not_found,
@@ -275,7 +276,10 @@ pub use concurrency::{
     a_full_key_does_not_block_the_tasks_behind_it, concurrency_keys_cap_claims,
     two_replicas_never_exceed_a_concurrency_limit,
 };
-pub use create_list::{concurrent_idempotent_creates, idempotent_create, list_filters_and_paging};
+pub use create_list::{
+    children_are_listed_by_parent, concurrent_idempotent_creates, idempotent_create,
+    list_filters_and_paging,
+};
 pub use fence::fenced_writes_from_an_old_leader_are_refused;
 pub use lifecycle::{
     create_get_round_trip, full_life_records_attempts, missing_task_not_found,

@@ -160,6 +160,7 @@ fn decode_task(row: &impl Columns, id: &str) -> Result<TaskRecord, String> {
         schedule_id: row.opt_text("schedule_id")?,
         concurrency: concurrency(row)?,
         workflow: workflow(row)?,
+        parent_task_id: row.opt_text("parent_task_id")?,
         attempts: Vec::new(),
         callback: None,
     })
@@ -393,6 +394,7 @@ pub(crate) fn workflow_row(row: &impl Columns) -> Result<WorkflowRecord> {
             created_at: row.int("created_at")?,
             updated_at: row.int("updated_at")?,
             ended_at: row.opt_int("ended_at")?,
+            parent_task_id: row.opt_text("parent_task_id")?,
             steps: Vec::new(),
         })
     })();

@@ -47,6 +47,9 @@ pub struct TaskFilter {
     pub created_before: Option<UnixMillis>,
     /// Only the task submitted with this idempotency key (at most one).
     pub client_request_id: Option<String>,
+    /// Only the children of this task (read by the parent's index, the
+    /// other filters checked on read rows, as a label is).
+    pub parent_task_id: Option<String>,
 }
 
 /// Rows a filtered listing reads at most per call before it answers a

@@ -155,6 +155,7 @@ mod tests {
             labels: HashMap::new(),
             cancel: CancellationToken::new(),
             log: crate::TaskLog::discard(),
+            children: crate::Children::detached("t1"),
             workflow_id: String::new(),
             workflow_step: String::new(),
             parent_outputs: HashMap::new(),

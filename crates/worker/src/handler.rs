@@ -37,6 +37,9 @@ pub struct TaskContext {
     /// (`GetTaskLogs`). `tracing` events inside the handler land here too
     /// when the subscriber has [`capture_layer`](crate::capture_layer).
     pub log: crate::TaskLog,
+    /// Submits child tasks of this task (cancelled with it), and a join
+    /// over them ([`Children::fan_out`](crate::Children::fan_out)).
+    pub children: crate::Children,
     /// For a workflow step: its workflow and step name (empty otherwise).
     pub workflow_id: String,
     /// The step's name in its workflow.

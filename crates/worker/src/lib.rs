@@ -33,6 +33,7 @@
 
 mod backoff;
 pub mod builtin;
+mod children;
 mod cpu;
 mod error;
 mod exec;
@@ -47,6 +48,7 @@ mod wire;
 mod worker;
 
 pub use builtin::{BUILTIN_NAMES, builtin};
+pub use children::Children;
 pub use error::Error;
 pub use handler::{FnHandler, Handler, HandlerError, Output, TaskContext, handler_fn};
 pub use logs::{CaptureLayer, MAX_LINE_BYTES, TaskLog, capture_layer};

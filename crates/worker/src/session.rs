@@ -308,7 +308,7 @@ impl Session<'_> {
         exec::spawn(
             self.shared,
             handler,
-            context(a, cancel, &self.shared.logs),
+            context(a, cancel, self.shared),
             permit,
             exec::to_session(self.shared.opts.worker_id.clone(), self.done_tx.clone()),
         );

@@ -1,6 +1,5 @@
 //! Building and reading contract messages.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use taskmesh::v1::{
@@ -80,10 +79,11 @@ pub(crate) fn request<T>(shared: &Shared, message: T) -> Result<tonic::Request<T
 pub(crate) fn context(
     a: TaskAssignment,
     cancel: CancellationToken,
-    logs: &Arc<crate::logs::LogBuffer>,
+    shared: &Shared,
 ) -> TaskContext {
     let payload = a.payload.unwrap_or_default();
-    let log = crate::TaskLog::new(logs.clone(), &a.task_id, &a.execution_id);
+    let log = crate::TaskLog::new(shared.logs.clone(), &a.task_id, &a.execution_id);
+    let children = crate::Children::new(a.task_id.clone(), shared.api.clone());
     TaskContext {
         task_id: a.task_id,
         attempt: a.attempt,
@@ -97,6 +97,7 @@ pub(crate) fn context(
         labels: a.labels,
         cancel,
         log,
+        children,
         workflow_id: a.workflow_id,
         workflow_step: a.workflow_step,
         parent_outputs: a

@@ -45,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) shutdown_deadline: OnceLock<Instant>,
     /// Handlers' log lines not yet sent.
     pub(crate) logs: Arc<crate::logs::LogBuffer>,
+    /// Where handlers submit their children.
+    pub(crate) api: Option<Arc<crate::children::ApiLink>>,
 }
 
 impl Shared {
@@ -146,6 +148,7 @@ impl Worker {
             tracker: TaskTracker::new(),
             shutdown_deadline: OnceLock::new(),
             logs: Arc::new(crate::logs::LogBuffer::new(self.opts.log_buffer_lines)),
+            api: crate::children::ApiLink::of(&self.opts),
             opts: self.opts,
         });
         if let Some(listen) = shared.opts.push_listen {

@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 # Lines a task keeps while they wait to be sent; past it the oldest go and
 # are counted as dropped (the server shows the count).
@@ -47,6 +47,8 @@ class Task:
     workflow_step: str = ""
     parent_outputs: Dict[str, "Output"] = field(default_factory=dict)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Submits child tasks for `spawn` (set by the worker that runs the task).
+    _submit: Optional[Callable[[List[dict]], List[str]]] = None
     _lines: List[Tuple[float, str, str]] = field(default_factory=list)
     _dropped: int = 0
     _lines_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -63,6 +65,18 @@ class Task:
                 self._lines.pop(0)
                 self._dropped += 1
             self._lines.append((time.time(), level, message))
+
+    def spawn(self, children: List[dict]) -> List[str]:
+        """Submits child tasks of this task in one call and returns their ids.
+        Each child is a dict of SubmitTaskRequest fields (`handler`, and
+        `payload` bytes, `content_type`, `client_request_id`, ...); its
+        `parent_task_id` is this task, so cancelling this task cancels it
+        and `ListTasks(parent_task_id=...)` lists it. Give each child a
+        `client_request_id` built from this task's id, so a handler run
+        again after a lost attempt adds no second set."""
+        if self._submit is None:
+            raise HandlerError("this task cannot submit children (no server)", retryable=False)
+        return self._submit([dict(c, parent_task_id=self.task_id) for c in children])
 
     def take_lines(self) -> Tuple[List[Tuple[float, str, str]], int]:
         """The lines logged since the last call, and how many were dropped."""
@@ -123,6 +137,23 @@ def sum_parents(task: Task) -> Output:
     return Output(json.dumps(body).encode(), "application/json")
 
 
+def fan_out(task: Task) -> Output:
+    """Spawns `{"n": N, "handler": H, "payload": P}` child tasks of handler H
+    (default `py.echo`), each with payload P (default `{"i": i}`), and
+    returns `{"children": [ids]}`: dynamic fan-out from a handler."""
+    spec = json.loads(task.payload or b"{}")
+    n, handler = int(spec.get("n", 1)), spec.get("handler", "py.echo")
+    children = []
+    for i in range(n):
+        body = spec.get("payload", {"i": i})
+        children.append({"handler": handler, "payload": json.dumps(body).encode(),
+                         "content_type": "application/json",
+                         "client_request_id": f"{task.task_id}:child:{i}"})
+    ids = task.spawn(children)
+    task.log(f"spawned {len(ids)} children of {handler}")
+    return Output(json.dumps({"children": ids}).encode(), "application/json")
+
+
 def fail(task: Task) -> Output:
     """Fails with `{"message": ..., "retryable": bool}`."""
     spec = json.loads(task.payload or b"{}")
@@ -130,4 +161,4 @@ def fail(task: Task) -> Output:
 
 
 BUILTIN: Dict[str, Handler] = {"echo": echo, "py.echo": echo, "py.sleep": sleep, "py.fail": fail,
-                               "py.log": log_lines, "py.sum": sum_parents}
+                               "py.log": log_lines, "py.sum": sum_parents, "py.fanout": fan_out}

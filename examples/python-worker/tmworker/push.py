@@ -102,7 +102,8 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
             task = Task(a.task_id, a.attempt, a.execution_id, a.handler, a.payload.data,
                         a.payload.content_type, dict(a.labels), a.workflow_step,
                         {step: Output(p.data, p.content_type)
-                         for step, p in a.parent_outputs.items()})
+                         for step, p in a.parent_outputs.items()},
+                        _submit=self.submit_children)
             self.inflight[a.execution_id] = task
             self.report_secrets[a.execution_id] = a.report_secret
             session_id = request.session_id or self.session_id

@@ -211,7 +211,8 @@ class Session:
             task = Task(a.task_id, a.attempt, a.execution_id, a.handler, a.payload.data,
                         a.payload.content_type, dict(a.labels), a.workflow_step,
                         {step: Output(p.data, p.content_type)
-                         for step, p in a.parent_outputs.items()})
+                         for step, p in a.parent_outputs.items()},
+                        _submit=w.submit_children)
             self.inflight[a.execution_id] = task
             # The ACK is queued before the handler can finish, so the server
             # always reads it before the result.

@@ -13,10 +13,13 @@ try:
     from taskmesh.v1 import dispatcher_pb2 as pb  # noqa: E402
     from taskmesh.v1 import dispatcher_pb2_grpc  # noqa: E402
     from taskmesh.v1 import logs_pb2  # noqa: E402
+    from taskmesh.v1 import task_api_pb2  # noqa: E402
+    from taskmesh.v1 import task_api_pb2_grpc  # noqa: E402
     from taskmesh.v1 import task_pb2  # noqa: E402
     from taskmesh.v1 import worker_pb2  # noqa: E402
     from taskmesh.v1 import worker_pb2_grpc  # noqa: E402
 except ImportError as err:  # a set-up error, not a bug
     sys.exit(f"py-worker: stubs not found in {GEN} ({err}); run setup.sh first")
 
-__all__ = ["pb", "dispatcher_pb2_grpc", "logs_pb2", "task_pb2", "worker_pb2", "worker_pb2_grpc"]
+__all__ = ["pb", "dispatcher_pb2_grpc", "logs_pb2", "task_api_pb2", "task_api_pb2_grpc", "task_pb2",
+           "worker_pb2", "worker_pb2_grpc"]

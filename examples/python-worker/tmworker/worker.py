@@ -7,13 +7,13 @@ import os
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import grpc
 
-from .handlers import Handler
+from .handlers import Handler, HandlerError
 from .session import ProtocolError, Session, Stats, event
-from .stubs import dispatcher_pb2_grpc, pb
+from .stubs import dispatcher_pb2_grpc, pb, task_api_pb2, task_api_pb2_grpc, task_pb2
 
 CONNECT_TIMEOUT = 5.0
 REGISTER_TIMEOUT = 10.0
@@ -65,6 +65,28 @@ class Worker:
     def metadata(self):
         """The call metadata presenting our token, if we have one."""
         return [("authorization", f"Bearer {self.token}")] if self.token else []
+
+    def submit_children(self, children: List[dict]) -> List[str]:
+        """SubmitTasks of `children` (SubmitTaskRequest fields as a dict,
+        `payload` as bytes) to the first server, with our worker token
+        (which may submit children only); their ids, in order. A refused
+        entry raises HandlerError with the server's message."""
+        requests = []
+        for c in children:
+            c = dict(c)
+            payload = task_pb2.Payload(data=c.pop("payload", b"{}"),
+                                       content_type=c.pop("content_type", "application/json"))
+            requests.append(task_api_pb2.SubmitTaskRequest(payload=payload, **c))
+        with open_channel(self.servers[0]) as channel:
+            reply = task_api_pb2_grpc.TaskApiStub(channel).SubmitTasks(
+                task_api_pb2.SubmitTasksRequest(tasks=requests), metadata=self.metadata(),
+                timeout=30)
+        ids = []
+        for r in reply.results:
+            if not r.HasField("accepted"):
+                raise HandlerError(f"a child was refused: {r.error_message}", retryable=False)
+            ids.append(r.accepted.task_id)
+        return ids
 
     def record_cost(self, ms: float) -> None:
         with self._lock:

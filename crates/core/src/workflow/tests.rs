@@ -281,13 +281,21 @@ fn an_on_failure_step_is_checked() {
         concurrency: None,
     };
     let plain = [def("a", &[]), def("f", &[])];
-    let fp = |d: &[StepDef]| {
+    let fp_under = |d: &[StepDef], parent: Option<&str>| {
         fingerprint(
             FailurePolicy::CancelRemaining,
             &d.iter().cloned().map(|d| (d, &t)).collect::<Vec<_>>(),
+            parent,
         )
     };
+    let fp = |d: &[StepDef]| fp_under(d, None);
     assert_ne!(fp(&plain), fp(&[def("a", &[]), handler("f")]));
+    // The same steps under a parent (or another parent) are another request.
+    let p1 = "0190b0b0-0000-7000-8000-000000000001";
+    let p2 = "0190b0b0-0000-7000-8000-000000000002";
+    assert_ne!(fp(&plain), fp_under(&plain, Some(p1)));
+    assert_ne!(fp_under(&plain, Some(p1)), fp_under(&plain, Some(p2)));
+    assert_eq!(fp_under(&plain, Some(p1)), fp_under(&plain, Some(p1)));
 }
 
 #[test]

@@ -91,7 +91,8 @@ fn path_query_and_body_fields_are_split_as_the_rules_say() {
             "label",
             "createdAfter",
             "createdBefore",
-            "clientRequestId"
+            "clientRequestId",
+            "parentTaskId"
         ]
     );
     // The filter takes the defined states, by name or number (the rule

@@ -167,6 +167,113 @@ pub async fn list_filters_and_paging(fixture: &dyn StoreFixture) {
 }
 
 /// Every page of `filter` at `limit`, following `next_before_id`.
+/// A child's parent is stored with it (one at a time and in a batch) and
+/// listing by parent finds exactly its children, newest first, paged and
+/// with the other filters.
+pub async fn children_are_listed_by_parent(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let parent = create(store.as_ref(), new_task("p"), T0).await;
+    let other = create(store.as_ref(), new_task("p"), T0).await;
+    let child = |parent: &TaskRecord, handler: &str, later: bool| NewTask {
+        parent_task_id: Some(parent.id.clone()),
+        run_at: if later { T0 + 60_000 } else { T0 },
+        ..new_task(handler)
+    };
+    let mut mine = Vec::new();
+    for i in 0..4 {
+        let handler = if i % 2 == 0 { "c-a" } else { "c-b" };
+        mine.push(create(store.as_ref(), child(&parent, handler, i == 3), T0).await);
+        create(store.as_ref(), new_task("c-a"), T0).await;
+    }
+    create(store.as_ref(), child(&other, "c-a", false), T0).await;
+    let batch = (0..3)
+        .map(|i| (child(&parent, "c-b", i == 0), format!("fp-{i}")))
+        .collect();
+    for created in store.create_tasks(batch, T0).await.expect("create_tasks") {
+        mine.push(created.expect("a child in a batch").task);
+    }
+    let by_parent = |parent: &str| TaskFilter {
+        parent_task_id: Some(parent.to_string()),
+        ..TaskFilter::default()
+    };
+    let mut newest_first: Vec<String> = mine.iter().map(|t| t.id.clone()).collect();
+    newest_first.sort_by(|a, b| b.cmp(a));
+    for limit in [1u32, 3, 1000] {
+        let got = page_all(store.as_ref(), by_parent(&parent.id), limit).await;
+        let ids: Vec<String> = got.iter().flatten().map(|t| t.id.clone()).collect();
+        assert_eq!(
+            ids, newest_first,
+            "limit {limit}: every child once, newest first"
+        );
+        assert!(
+            got.iter()
+                .flatten()
+                .all(|t| t.parent_task_id.as_deref() == Some(parent.id.as_str()))
+        );
+    }
+    let expect = |keep: &dyn Fn(&TaskRecord) -> bool| -> Vec<String> {
+        let mut ids: Vec<String> = mine
+            .iter()
+            .filter(|t| keep(t))
+            .map(|t| t.id.clone())
+            .collect();
+        ids.sort_by(|a, b| b.cmp(a));
+        ids
+    };
+    let cases = [
+        (
+            TaskFilter {
+                handler: Some("c-b".into()),
+                ..by_parent(&parent.id)
+            },
+            expect(&|t| t.handler == "c-b"),
+        ),
+        (
+            TaskFilter {
+                state: Some(TaskState::Pending),
+                ..by_parent(&parent.id)
+            },
+            expect(&|t| t.state == TaskState::Pending),
+        ),
+        (
+            TaskFilter {
+                namespace: Some("elsewhere".into()),
+                ..by_parent(&parent.id)
+            },
+            Vec::new(),
+        ),
+        (by_parent(&mine[0].id), Vec::new()),
+    ];
+    for (filter, want) in cases {
+        let ids: Vec<String> = page_all(store.as_ref(), filter.clone(), 2)
+            .await
+            .into_iter()
+            .flatten()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(ids, want, "{filter:?}");
+    }
+    assert_eq!(
+        page_all(store.as_ref(), by_parent(&other.id), 10)
+            .await
+            .concat()
+            .len(),
+        1
+    );
+    let got = store
+        .get_task(&mine[0].id)
+        .await
+        .expect("get")
+        .expect("the child");
+    assert_eq!(got.parent_task_id.as_deref(), Some(parent.id.as_str()));
+    let plain = store
+        .get_task(&parent.id)
+        .await
+        .expect("get")
+        .expect("the parent");
+    assert_eq!(plain.parent_task_id, None);
+}
+
 async fn page_all(store: &dyn Store, mut filter: TaskFilter, limit: u32) -> Vec<Vec<TaskRecord>> {
     filter.limit = limit;
     filter.before_id = None;

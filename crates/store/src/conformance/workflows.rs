@@ -42,6 +42,7 @@ fn workflow(
         created_at: T0,
         updated_at: T0,
         ended_at: None,
+        parent_task_id: None,
         steps: Vec::new(),
     };
     (record, tasks)

@@ -176,6 +176,9 @@ pub(crate) mod testing {
             // A workflow's steps, and its parents' outputs at a claim.
             ("tasks_workflow", &sql.steps_of, "t"),
             ("tasks_workflow", sql.step_outputs.get(1), "tt"),
+            // A parent's children, newest first, and the next page.
+            ("tasks_parent", &sql.by_parent[0], "ti"),
+            ("tasks_parent", &sql.by_parent[1], "tti"),
             ("schedules_due", &sql.due_schedules, "ii"),
             ("schedules_due", &sql.next_schedule_due, ""),
         ]

@@ -28,6 +28,8 @@ pub struct Statements {
     /// The task of an idempotency key, in a namespace or in any.
     pub by_request_id: String,
     pub by_request_id_any: String,
+    /// A parent's children newest first: index 1 = before an id.
+    pub by_parent: [String; 2],
     pub stats_counts: String,
     pub stats_queues: String,
     pub stats_ended: String,
@@ -246,6 +248,16 @@ impl Statements {
             by_request_id_any: r(&format!(
                 "SELECT {TASK_READ_SUMMARY} FROM tasks WHERE client_request_id = ? ORDER BY id DESC"
             )),
+            by_parent: [
+                r(&format!(
+                    "SELECT {TASK_READ_SUMMARY} FROM tasks WHERE parent_task_id = ? \
+                     ORDER BY id DESC LIMIT ?"
+                )),
+                r(&format!(
+                    "SELECT {TASK_READ_SUMMARY} FROM tasks WHERE parent_task_id = ? AND id < ? \
+                     ORDER BY id DESC LIMIT ?"
+                )),
+            ],
             stats_counts: r("SELECT state, handler, COUNT(*) AS n FROM tasks \
                  WHERE namespace = ? GROUP BY state, handler"),
             stats_queues: r(
@@ -577,7 +589,7 @@ impl Statements {
             close_attempts: Ladder::new(d, close_attempts_sql),
             insert_workflow: r(&format!(
                 "INSERT INTO workflows ({WORKFLOW_COLUMNS}) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             )),
             get_workflow: r(&format!(
                 "SELECT {WORKFLOW_COLUMNS} FROM workflows WHERE id = ?"

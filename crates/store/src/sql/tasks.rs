@@ -14,7 +14,7 @@ use super::backend::{Backend, in_savepoint};
 use super::batch::insert_many;
 use super::dialect::{chunks, in_lists};
 use super::rows::{attempt_args, insert_args};
-use super::{SqlStore, args, statements::list_index};
+use super::{SqlStore, Val, args, statements::list_index};
 use crate::error::is_unique_violation;
 use crate::{
     Chooser, Created, Error, LIST_SCAN, Result, TaskChange, TaskFilter, TaskPage, decode,
@@ -213,6 +213,10 @@ fn matches_all(filter: &TaskFilter, task: &TaskRecord) -> bool {
         && filter.before_id.as_ref().is_none_or(|b| task.id < *b)
         && filter.created_after.is_none_or(|t| task.created_at >= t)
         && filter.created_before.is_none_or(|t| task.created_at < t)
+        && filter
+            .parent_task_id
+            .as_ref()
+            .is_none_or(|p| task.parent_task_id.as_ref() == Some(p))
         && matches_label(filter, task)
 }
 
@@ -222,6 +226,45 @@ fn matches_label(filter: &TaskFilter, task: &TaskRecord) -> bool {
         Some((key, None)) => task.labels.contains_key(key),
         Some((key, Some(value))) => task.labels.get(key) == Some(value),
     }
+}
+
+/// The listing statement for `filter`'s columns, and its arguments, for
+/// a chunk of `chunk` rows before `cursor`.
+fn list_statement<B: Backend>(
+    b: &B,
+    filter: &TaskFilter,
+    cursor: Option<&str>,
+    chunk: usize,
+) -> (&'static str, Vec<Val>) {
+    let i = list_index(
+        filter.namespace.is_some(),
+        filter.state.is_some(),
+        filter.handler.is_some(),
+        cursor.is_some(),
+        filter.created_after.is_some(),
+        filter.created_before.is_some(),
+    );
+    let mut values = Vec::new();
+    if let Some(namespace) = &filter.namespace {
+        values.push(namespace.into());
+    }
+    if let Some(state) = filter.state {
+        values.push(state.as_str().into());
+    }
+    if let Some(handler) = &filter.handler {
+        values.push(handler.into());
+    }
+    if let Some(before) = cursor {
+        values.push(before.into());
+    }
+    if let Some(t) = filter.created_after {
+        values.push(t.into());
+    }
+    if let Some(t) = filter.created_before {
+        values.push(t.into());
+    }
+    values.push(sql_limit(chunk).into());
+    (b.sql().list[i].as_str(), values)
 }
 
 /// Reads rows newest first in the filter's order, keeping those whose
@@ -235,8 +278,9 @@ async fn scan<B: Backend>(
     limit: u32,
 ) -> Result<(Vec<B::Row>, Vec<TaskRecord>, Option<String>)> {
     let want = limit as usize + 1;
-    // Without a label every row read is kept: one read of the page.
-    let chunk = if filter.label.is_some() {
+    // Without a label (or a parent, whose index leaves the other filters
+    // to the rows read) every row read is kept: one read of the page.
+    let chunk = if filter.label.is_some() || filter.parent_task_id.is_some() {
         want.max(500)
     } else {
         want
@@ -246,41 +290,37 @@ async fn scan<B: Backend>(
     let mut tasks = Vec::new();
     let mut read = 0usize;
     loop {
-        let i = list_index(
-            filter.namespace.is_some(),
-            filter.state.is_some(),
-            filter.handler.is_some(),
-            cursor.is_some(),
-            filter.created_after.is_some(),
-            filter.created_before.is_some(),
-        );
-        let mut values = Vec::new();
-        if let Some(namespace) = &filter.namespace {
-            values.push(namespace.into());
-        }
-        if let Some(state) = filter.state {
-            values.push(state.as_str().into());
-        }
-        if let Some(handler) = &filter.handler {
-            values.push(handler.into());
-        }
-        if let Some(before) = &cursor {
-            values.push(before.into());
-        }
-        if let Some(t) = filter.created_after {
-            values.push(t.into());
-        }
-        if let Some(t) = filter.created_before {
-            values.push(t.into());
-        }
-        values.push(sql_limit(chunk).into());
-        let rows = b.fetch(tx, &b.sql().list[i], values).await?;
+        let (sql, values) = match &filter.parent_task_id {
+            Some(parent) => {
+                let mut values: Vec<Val> = vec![parent.into()];
+                if let Some(before) = &cursor {
+                    values.push(before.into());
+                }
+                values.push(sql_limit(chunk).into());
+                (
+                    b.sql().by_parent[usize::from(cursor.is_some())].as_str(),
+                    values,
+                )
+            }
+            None => list_statement(b, filter, cursor.as_deref(), chunk),
+        };
+        let rows = b.fetch(tx, sql, values).await?;
         let got = rows.len();
         read += got;
         for row in rows {
             let task = decode::task(&row)?;
             cursor = Some(task.id.clone());
-            if matches_label(filter, &task) {
+            let keep = match &filter.parent_task_id {
+                Some(_) => {
+                    matches_all(filter, &task)
+                        && filter
+                            .namespace
+                            .as_ref()
+                            .is_none_or(|n| &task.namespace == n)
+                }
+                None => matches_label(filter, &task),
+            };
+            if keep {
                 tasks.push(task);
                 kept_rows.push(row);
                 if tasks.len() == want {

@@ -35,7 +35,8 @@ use crate::{Error, Result, TaskChange, decode};
 /// `workflows` columns, as `decode::workflow_row` reads them and an insert
 /// writes them.
 pub const WORKFLOW_COLUMNS: &str = "id, namespace, client_request_id, request_fingerprint, \
-    failure_policy, state, message, step_count, created_at, updated_at, ended_at";
+    failure_policy, state, message, step_count, created_at, updated_at, ended_at, \
+    parent_task_id";
 
 /// Whether `event` may end a task, or open an ended one again: what makes
 /// a transition of a step need its workflow.
@@ -354,6 +355,7 @@ impl<B: Backend> SqlStore<B> {
             workflow.created_at,
             workflow.updated_at,
             workflow.ended_at,
+            workflow.parent_task_id.clone(),
         ];
         if let Err(err) = b.exec(&mut tx, &b.sql().insert_workflow, values).await {
             drop(tx);

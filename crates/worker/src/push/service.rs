@@ -128,7 +128,7 @@ impl WorkerService for PushService {
         exec::spawn(
             shared,
             handler,
-            context(a, cancel, &shared.logs),
+            context(a, cancel, shared),
             permit,
             move |done| async move { reporter.report(session_id, secret, done).await },
         );
