@@ -1447,82 +1447,74 @@ async fn a_worker_id_held_on_another_replica_cannot_be_taken_over() {
 }
 
 #[tokio::test]
-async fn a_worker_token_submits_children_of_a_live_task_and_nothing_else() {
+async fn a_worker_token_submits_children_only_of_the_tasks_it_runs() {
     let f = Fixture::start().await;
-    let worker = f.token(Role::Worker).to_string();
-    let mut api = pb::task_api_client::TaskApiClient::new(f.channel.clone());
-    let child = |parent: &str| pb::SubmitTaskRequest {
-        handler: "nobody-serves-this".into(),
-        parent_task_id: parent.into(),
-        ..Default::default()
-    };
-    let made = api
-        .submit_task(with_token(&worker, child(&f.task_id)))
-        .await
-        .expect("a worker token submits a child of a live task")
-        .into_inner();
-    assert_eq!(made.task.unwrap().parent_task_id, f.task_id);
-    let refused = |what: &str, got: Result<_, tonic::Status>| match got {
-        Ok(_) => panic!("{what}: accepted"),
-        Err(status) => assert_eq!(status.code(), Code::PermissionDenied, "{what}: {status:?}"),
-    };
-    refused(
-        "a task of its own",
-        api.submit_task(with_token(&worker, child("")))
+    // `spawn`, run by a worker of the `default` worker token, submits a
+    // child and a child workflow of its own task with that token, and
+    // answers with their ids.
+    let spawn = handler_fn(|ctx: TaskContext| async move {
+        let failed = |e: taskmesh_worker::Error| HandlerError::fatal(e.to_string());
+        let child = ctx
+            .children
+            .submit(pb::SubmitTaskRequest {
+                handler: "nobody-serves-this".into(),
+                ..Default::default()
+            })
             .await
-            .map(|_| ()),
-    );
-    refused(
-        "a batch with one task of its own",
-        api.submit_tasks(with_token(
-            &worker,
-            pb::SubmitTasksRequest {
-                tasks: vec![child(&f.task_id), child("")],
-            },
-        ))
-        .await
-        .map(|_| ()),
-    );
-    let step = pb::WorkflowStepSpec {
-        name: "a".into(),
-        template: Some(pb::TaskTemplate {
-            handler: "nobody-serves-this".into(),
+            .map_err(failed)?;
+        let step = pb::WorkflowStepSpec {
+            name: "a".into(),
+            template: Some(pb::TaskTemplate {
+                handler: "nobody-serves-this".into(),
+                ..Default::default()
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
-    };
-    refused(
-        "a workflow of its own",
-        api.submit_workflow(with_token(
-            &worker,
-            pb::SubmitWorkflowRequest {
-                steps: vec![step.clone()],
+        };
+        let wf = ctx
+            .children
+            .fan_out(vec![step], None, "")
+            .await
+            .map_err(failed)?;
+        let answer = format!("{} {}", child.task_id, wf.workflow_id);
+        Ok::<_, HandlerError>(Output::new(answer.into_bytes(), "text/plain"))
+    });
+    let mut opts = WorkerOptions::new(vec![format!("http://{}", f.node.grpc_addr)]);
+    opts.worker_id = "spawner".into();
+    opts.name = "spawner".into();
+    opts.token = Some(Secret::new(f.token(Role::Worker)));
+    opts.reconnect_initial = Duration::from_millis(50);
+    let worker = TestWorker::spawn(Worker::new(opts).handler("spawn", spawn));
+    assert!(worker.handle.wait_connected(Duration::from_secs(10)).await);
+    let submitter = f.token(Role::Submitter).to_string();
+    let parent = submit_as(&f.channel, &submitter, "spawn", "{}").await;
+    let mut api = pb::task_api_client::TaskApiClient::new(f.channel.clone());
+    let done = wait_for("the spawning task to end", Duration::from_secs(20), || {
+        let mut api = api.clone();
+        let req = with_token(
+            &submitter,
+            pb::GetTaskRequest {
+                task_id: parent.clone(),
                 ..Default::default()
             },
-        ))
-        .await
-        .map(|_| ()),
+        );
+        async move {
+            let t = api.get_task(req).await.expect("get").into_inner().task?;
+            let ended = [pb::TaskState::Succeeded, pb::TaskState::Failed];
+            ended.iter().any(|s| *s as i32 == t.state).then_some(t)
+        }
+    })
+    .await;
+    assert_eq!(
+        done.state,
+        pb::TaskState::Succeeded as i32,
+        "{}",
+        done.error_message
     );
-    // Under the parent, a child workflow is accepted.
-    let wf = api
-        .submit_workflow(with_token(
-            &worker,
-            pb::SubmitWorkflowRequest {
-                steps: vec![step],
-                parent_task_id: f.task_id.clone(),
-                ..Default::default()
-            },
-        ))
-        .await
-        .expect("a child workflow")
-        .into_inner();
-    assert_eq!(wf.workflow.unwrap().parent_task_id, f.task_id);
-    // Nothing else was written: the parent has the child and the step.
-    let children = api
+    let listed = api
         .list_tasks(with_token(
-            BOOTSTRAP,
+            &submitter,
             pb::ListTasksRequest {
-                parent_task_id: f.task_id.clone(),
+                parent_task_id: parent.clone(),
                 ..Default::default()
             },
         ))
@@ -1530,12 +1522,87 @@ async fn a_worker_token_submits_children_of_a_live_task_and_nothing_else() {
         .expect("list by parent")
         .into_inner()
         .tasks;
-    assert_eq!(children.len(), 2);
+    assert_eq!(listed.len(), 2, "the child and the workflow's step");
+    let ids = String::from_utf8(done.output.unwrap().data).unwrap();
+    let child_id = ids.split(' ').next().unwrap();
+    assert!(listed.iter().any(|t| t.task_id == child_id));
+    worker.stop().await;
+
+    // Not running it (the fixture's task waits for a worker; the spawner's
+    // task has ended), without a parent, or one bad entry in a batch:
+    // refused, and nothing written.
+    let worker_token = f.token(Role::Worker).to_string();
+    let child = |parent: &str| pb::SubmitTaskRequest {
+        handler: "nobody-serves-this".into(),
+        parent_task_id: parent.into(),
+        ..Default::default()
+    };
+    let refused = |what: &str, got: Result<(), tonic::Status>, want: Code| match got {
+        Ok(()) => panic!("{what}: accepted"),
+        Err(status) => assert_eq!(status.code(), want, "{what}: {status:?}"),
+    };
+    refused(
+        "a child of a task no worker of its own runs",
+        api.submit_task(with_token(&worker_token, child(&f.task_id)))
+            .await
+            .map(|_| ()),
+        Code::PermissionDenied,
+    );
+    refused(
+        "a child of an ended task",
+        api.submit_task(with_token(&worker_token, child(&parent)))
+            .await
+            .map(|_| ()),
+        Code::FailedPrecondition,
+    );
+    refused(
+        "a task of its own",
+        api.submit_task(with_token(&worker_token, child("")))
+            .await
+            .map(|_| ()),
+        Code::PermissionDenied,
+    );
+    refused(
+        "a batch with one task of its own",
+        api.submit_tasks(with_token(
+            &worker_token,
+            pb::SubmitTasksRequest {
+                tasks: vec![child(&f.task_id), child("")],
+            },
+        ))
+        .await
+        .map(|_| ()),
+        Code::PermissionDenied,
+    );
+    refused(
+        "a workflow of its own",
+        api.submit_workflow(with_token(
+            &worker_token,
+            pb::SubmitWorkflowRequest {
+                steps: vec![pb::WorkflowStepSpec {
+                    name: "a".into(),
+                    template: Some(pb::TaskTemplate {
+                        handler: "nobody-serves-this".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        ))
+        .await
+        .map(|_| ()),
+        Code::PermissionDenied,
+    );
     let all = api
         .list_tasks(with_token(BOOTSTRAP, pb::ListTasksRequest::default()))
         .await
         .expect("list")
         .into_inner()
         .tasks;
-    assert_eq!(all.len(), 3, "the fixture's task and its two children");
+    assert_eq!(
+        all.len(),
+        4,
+        "the fixture's task, the spawner, its child and its workflow's step"
+    );
 }

@@ -22,9 +22,10 @@ use tracing::{info, warn};
 use crate::auth::Identity;
 use crate::{Error, engine::Shared, ops_api, task_api};
 
-/// The most tasks one cancel sweeps through (children, theirs, and so on):
-/// a bound on one call's work, far above the 10,000 children a handler
-/// could add in a batch.
+/// The most tasks whose children one cancel lists (children, theirs, and
+/// so on, ended ones included): a bound on one call's work, far above the
+/// 10,000 children a handler could add in a batch. A sweep that reaches
+/// it stops, saying so in the log; cancelling the parent again goes on.
 const MAX_SWEPT: usize = 100_000;
 
 /// Whether `who` may submit with `parent_task_id` (empty for none): a
@@ -43,9 +44,13 @@ pub(crate) fn may_submit(who: &Identity, parent_task_id: &str) -> Result<(), Err
 
 /// The parent a submit names, checked: `None` for none; NOT_FOUND when no
 /// task of `namespace` has that id; FAILED_PRECONDITION when it has ended
-/// (children are added to live work).
+/// (children are added to live work). A worker token names only a task
+/// one of its own workers is running (DISPATCHING or RUNNING on a worker
+/// id this token's principal registered, on any replica): it spawns work
+/// from the handler it runs, never under somebody else's task.
 pub(crate) async fn parent_of(
     shared: &Shared,
+    who: &Identity,
     namespace: &str,
     parent_task_id: &str,
 ) -> Result<Option<String>, Error> {
@@ -69,7 +74,36 @@ pub(crate) async fn parent_of(
             parent.state
         )));
     }
+    if who.role == Some(Role::Worker) && !runs_on_own_worker(shared, who, &parent).await? {
+        return Err(Error::PermissionDenied(format!(
+            "a worker token submits children only of a task its own workers are running; \
+             task {id} is {} on no worker of this token",
+            parent.state
+        )));
+    }
     Ok(Some(id))
+}
+
+/// Whether `parent` is in flight on a worker id `who` registered (on this
+/// replica, else in the cluster's registry).
+async fn runs_on_own_worker(
+    shared: &Shared,
+    who: &Identity,
+    parent: &TaskRecord,
+) -> Result<bool, Error> {
+    if !matches!(parent.state, TaskState::Dispatching | TaskState::Running) {
+        return Ok(false);
+    }
+    let Some(worker_id) = parent.worker_id.as_deref() else {
+        return Ok(false);
+    };
+    if let Some(owner) = shared.registry.owner_of(worker_id) {
+        return Ok(owner == who.principal);
+    }
+    let workers = shared.coord.list_workers().await?;
+    Ok(workers
+        .iter()
+        .any(|e| e.worker_id == worker_id && e.owner == who.principal))
 }
 
 /// After children of `parent` were written: if the parent has been
@@ -104,7 +138,15 @@ pub(crate) async fn cancel_children(
     let mut cancelled = 0;
     let mut workflows_cancelled = 0;
     while let Some(parent) = stack.pop() {
-        if seen.len() >= MAX_SWEPT || !seen.insert(parent.clone()) {
+        if seen.len() >= MAX_SWEPT {
+            warn!(
+                parent_task_id = %parent,
+                visited = seen.len(),
+                "the children sweep stopped at its bound; cancel the parent again to go on"
+            );
+            break;
+        }
+        if !seen.insert(parent.clone()) {
             continue;
         }
         let children = children_of(shared, namespace, &parent).await?;

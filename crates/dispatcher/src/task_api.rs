@@ -261,7 +261,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         let parent_task_id = req.parent_task_id.clone();
         let (mut task, fp_run_at) = new_task(&self.shared, req, namespace, traceparent, now)?;
         task.parent_task_id =
-            children::parent_of(&self.shared, &task.namespace, &parent_task_id).await?;
+            children::parent_of(&self.shared, &who, &task.namespace, &parent_task_id).await?;
         let admitted_in = task.namespace.clone();
         self.shared.quotas.admit_tasks(&admitted_in, 1)?;
         let fingerprint = task.request_fingerprint(fp_run_at);
@@ -404,13 +404,13 @@ impl pb::task_api_server::TaskApi for TaskApiService {
         validate::short_text("reason", &req.reason).map_err(invalid)?;
         let before = load_in(&self.shared, &namespace, &id).await?;
         if before.state.is_terminal() {
-            // Cancelling a cancelled task again sweeps its children again:
-            // how a sweep cut short (a node lost after the parent's cancel)
-            // is finished.
-            if before.state == TaskState::Cancelled {
-                children::cancel_children(&self.shared, &namespace, &id, "parent task cancelled")
-                    .await?;
-            }
+            // An ended task is answered unchanged, but its live children
+            // are cancelled: a parent that spawned them and returned (a
+            // fan-out) is cancelled with its work, and cancelling a
+            // cancelled task again finishes a sweep cut short (a node lost
+            // after the parent's cancel).
+            children::cancel_children(&self.shared, &namespace, &id, "parent task cancelled")
+                .await?;
             return Ok(Response::new(pb::CancelTaskResponse {
                 task: Some(shown(&who, &before)),
             }));
@@ -591,7 +591,7 @@ impl pb::task_api_server::TaskApi for TaskApiService {
                 let parent = match parents.get(&key) {
                     Some(found) => found.clone(),
                     None => {
-                        let found = children::parent_of(&self.shared, &key.0, &key.1)
+                        let found = children::parent_of(&self.shared, &who, &key.0, &key.1)
                             .await
                             .map_err(Status::from);
                         parents.insert(key, found.clone());

@@ -137,7 +137,7 @@ pub(crate) async fn submit(
         templates.push(template_at(shared, s.template, &at)?);
     }
     // Checked last: a definition refused costs no read.
-    let parent = children::parent_of(shared, &namespace, &req.parent_task_id).await?;
+    let parent = children::parent_of(shared, who, &namespace, &req.parent_task_id).await?;
     let fp = fingerprint(
         policy,
         &defs

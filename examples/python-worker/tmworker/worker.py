@@ -69,8 +69,10 @@ class Worker:
     def submit_children(self, children: List[dict]) -> List[str]:
         """SubmitTasks of `children` (SubmitTaskRequest fields as a dict,
         `payload` as bytes) to the first server, with our worker token
-        (which may submit children only); their ids, in order. A refused
-        entry raises HandlerError with the server's message."""
+        (which may submit children only of the tasks it runs); their ids, in
+        order. A refused entry raises a retryable HandlerError with the
+        server's message: children carry idempotency keys, so the handler's
+        next attempt submits only what is missing."""
         requests = []
         for c in children:
             c = dict(c)
@@ -84,7 +86,7 @@ class Worker:
         ids = []
         for r in reply.results:
             if not r.HasField("accepted"):
-                raise HandlerError(f"a child was refused: {r.error_message}", retryable=False)
+                raise HandlerError(f"a child was refused: {r.error_message}", retryable=True)
             ids.append(r.accepted.task_id)
         return ids
 

@@ -166,7 +166,6 @@ pub async fn list_filters_and_paging(fixture: &dyn StoreFixture) {
     assert_eq!(page.next_before_id, None);
 }
 
-/// Every page of `filter` at `limit`, following `next_before_id`.
 /// A child's parent is stored with it (one at a time and in a batch) and
 /// listing by parent finds exactly its children, newest first, paged and
 /// with the other filters.
@@ -274,6 +273,7 @@ pub async fn children_are_listed_by_parent(fixture: &dyn StoreFixture) {
     assert_eq!(plain.parent_task_id, None);
 }
 
+/// Every page of `filter` at `limit`, following `next_before_id`.
 async fn page_all(store: &dyn Store, mut filter: TaskFilter, limit: u32) -> Vec<Vec<TaskRecord>> {
     filter.limit = limit;
     filter.before_id = None;

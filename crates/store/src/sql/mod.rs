@@ -178,7 +178,7 @@ pub(crate) mod testing {
             ("tasks_workflow", sql.step_outputs.get(1), "tt"),
             // A parent's children, newest first, and the next page.
             ("tasks_parent", &sql.by_parent[0], "ti"),
-            ("tasks_parent", &sql.by_parent[1], "tti"),
+            ("tasks_parent", &sql.by_parent[3], "ttni"),
             ("schedules_due", &sql.due_schedules, "ii"),
             ("schedules_due", &sql.next_schedule_due, ""),
         ]

@@ -28,8 +28,10 @@ pub struct Statements {
     /// The task of an idempotency key, in a namespace or in any.
     pub by_request_id: String,
     pub by_request_id_any: String,
-    /// A parent's children newest first: index 1 = before an id.
-    pub by_parent: [String; 2],
+    /// A parent's children newest first: index bit 1 = before an id, bit
+    /// 2 = in a namespace (a caller's listing never reads another
+    /// namespace's rows, even to skip them).
+    pub by_parent: [String; 4],
     pub stats_counts: String,
     pub stats_queues: String,
     pub stats_ended: String,
@@ -248,16 +250,14 @@ impl Statements {
             by_request_id_any: r(&format!(
                 "SELECT {TASK_READ_SUMMARY} FROM tasks WHERE client_request_id = ? ORDER BY id DESC"
             )),
-            by_parent: [
+            by_parent: std::array::from_fn(|i| {
+                let before = if i & 1 != 0 { " AND id < ?" } else { "" };
+                let namespace = if i & 2 != 0 { " AND namespace = ?" } else { "" };
                 r(&format!(
-                    "SELECT {TASK_READ_SUMMARY} FROM tasks WHERE parent_task_id = ? \
-                     ORDER BY id DESC LIMIT ?"
-                )),
-                r(&format!(
-                    "SELECT {TASK_READ_SUMMARY} FROM tasks WHERE parent_task_id = ? AND id < ? \
-                     ORDER BY id DESC LIMIT ?"
-                )),
-            ],
+                    "SELECT {TASK_READ_SUMMARY} FROM tasks WHERE parent_task_id = ?{before}\
+                     {namespace} ORDER BY id DESC LIMIT ?"
+                ))
+            }),
             stats_counts: r("SELECT state, handler, COUNT(*) AS n FROM tasks \
                  WHERE namespace = ? GROUP BY state, handler"),
             stats_queues: r(

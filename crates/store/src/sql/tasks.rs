@@ -296,11 +296,13 @@ async fn scan<B: Backend>(
                 if let Some(before) = &cursor {
                     values.push(before.into());
                 }
+                if let Some(namespace) = &filter.namespace {
+                    values.push(namespace.into());
+                }
                 values.push(sql_limit(chunk).into());
-                (
-                    b.sql().by_parent[usize::from(cursor.is_some())].as_str(),
-                    values,
-                )
+                let i =
+                    usize::from(cursor.is_some()) | usize::from(filter.namespace.is_some()) << 1;
+                (b.sql().by_parent[i].as_str(), values)
             }
             None => list_statement(b, filter, cursor.as_deref(), chunk),
         };
