@@ -50,12 +50,7 @@ impl ApiLink {
 
     fn request<T>(&self, message: T) -> Result<tonic::Request<T>, Error> {
         let mut request = tonic::Request::new(message);
-        if let Some(token) = &self.token {
-            let value = format!("Bearer {}", token.expose()).parse().map_err(|_| {
-                Error::InvalidOptions("the token is not a valid header value".into())
-            })?;
-            request.metadata_mut().insert("authorization", value);
-        }
+        crate::wire::bearer(self.token.as_ref(), &mut request)?;
         Ok(request)
     }
 }

@@ -60,7 +60,15 @@ pub(crate) fn registration(shared: &Shared) -> WorkerRegistration {
 
 /// Puts the worker's token on a request (`authorization: Bearer …`).
 pub(crate) fn authorize<T>(shared: &Shared, request: &mut tonic::Request<T>) -> Result<(), Error> {
-    if let Some(token) = &shared.opts.token {
+    bearer(shared.opts.token.as_ref(), request)
+}
+
+/// Puts `token`, if any, on a request (`authorization: Bearer …`).
+pub(crate) fn bearer<T>(
+    token: Option<&crate::Secret>,
+    request: &mut tonic::Request<T>,
+) -> Result<(), Error> {
+    if let Some(token) = token {
         let value = format!("Bearer {}", token.expose())
             .parse()
             .map_err(|_| Error::InvalidOptions("the token is not a valid header value".into()))?;
