@@ -13,7 +13,8 @@
 # diamond workflow submitted over REST by dag_example.py whose Python steps
 # add up their parents' outputs; a Python handler (py.fanout) spawning 5
 # children with its worker token, listed by parent (children_example.py); a
-# Python handler's log lines are followed live and read back (`taskmesh
+# sharding broadcast whose one shard the Python worker runs, seeing its
+# index (py.shard); a Python handler's log lines are followed live and read back (`taskmesh
 # logs`), in both modes; tasks
 # running at SIGTERM are finished by the drain; the worker exits 0; its own
 # count agrees with the Node client's task ids exactly. Then the same in push
@@ -217,6 +218,23 @@ check "python: a workflow's steps get their parents' outputs (dag_example.py ove
 check "python: a handler spawns 5 children with its worker token, listed by parent (children_example.py)" \
   env TASKMESH_TOKEN="$client_token" "$py" "$worker_dir/children_example.py" \
   --base "https://127.0.0.1:$http_port" --n 5 --ids-file "$tmp/children-ids"
+# A sharding broadcast over the one python worker serving py.shard: one
+# shard, index 0 of 1, as the handler saw it; its id goes to broadcast-ids
+# (the cross-checks count it; the broadcast itself runs nothing).
+state_is() { [ "$(tm get "$1" | awk '/^state:/ {print $2}')" = "$2" ]; }
+python_broadcast() {
+  local id shard out
+  id="$(tm submit py.shard --broadcast)" || return 1
+  wait_until 60 state_is "$id" SUCCEEDED || { tm get "$id"; return 1; }
+  shard="$(tm list --parent "$id" | awk 'NR == 2 {print $1}')"
+  [ -n "$shard" ] || { echo "no shard listed under $id"; return 1; }
+  echo "$shard" >>"$tmp/broadcast-ids"
+  out="$(tm get "$shard" | awk '/^output:/ {print $2}')"
+  echo "broadcast $id: shard $shard answered $out"
+  [ "$out" = '{"shard":0,"of":1}' ]
+}
+check "python: a sharding broadcast runs one shard on the python worker, which sees its index" \
+  python_broadcast
 
 # python_logs IDS_FILE N LIVE: a py.log task of N lines 250 ms apart, its
 # lines followed with `taskmesh logs --follow` (with LIVE=1 the first one
@@ -287,9 +305,9 @@ PY
 }
 cross_check() {
   cat "$tmp/echo-ids" "$tmp/sleep-ids" "$tmp/log-ids" "$tmp/dag-ids" "$tmp/children-ids" \
-    >"$tmp/succeeded-ids"
+    "$tmp/broadcast-ids" >"$tmp/succeeded-ids"
   compare_stats worker "$tmp/worker-stats.json" "$tmp/succeeded-ids" \
-    '{"succeeded": 114, "failed": 1, "results_accepted": 115, "results_refused": 0, "rejected": 0, "sessions": 1}'
+    '{"succeeded": 115, "failed": 1, "results_accepted": 116, "results_refused": 0, "rejected": 0, "sessions": 1}'
 }
 check "python: the worker's own count matches the node client's tasks" cross_check
 

@@ -140,6 +140,10 @@ pub struct SubmitArgs {
     /// Submit it as a child of this live task (cancelled with it).
     #[arg(long, value_name = "TASK_ID")]
     parent: Option<String>,
+    /// Sharding broadcast: run it once on each live worker serving the
+    /// handler (shards 0..N-1; `taskmesh list --parent ID` shows them).
+    #[arg(long)]
+    broadcast: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -252,6 +256,12 @@ fn print_task(t: &pb::Task) {
     if !t.parent_task_id.is_empty() {
         println!("parent:   {}", t.parent_task_id);
     }
+    if t.broadcast {
+        println!("broadcast: its shards are its children (list --parent)");
+    }
+    if t.shard_total > 0 {
+        println!("shard:    {} of {}", t.shard_index, t.shard_total);
+    }
     if let Some(out) = &t.output {
         println!("output:   {}", String::from_utf8_lossy(&out.data));
     }
@@ -286,6 +296,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         concurrency_key: args.concurrency_key.unwrap_or_default(),
         concurrency_limit: args.concurrency_limit.unwrap_or_default(),
         parent_task_id: args.parent.unwrap_or_default(),
+        broadcast: args.broadcast,
         ..Default::default()
     };
     let resp = api

@@ -3,7 +3,8 @@
 //! once on Postgres and once on MariaDB (one scenario, two tests).
 //! 10,000 tasks are submitted (SubmitTasks batches spread over the replicas,
 //! a refused batch retried elsewhere with the same client request ids),
-//! and 100 diamond workflows (a → b, c → d) beside them, while the leader
+//! and 100 diamond workflows (a → b, c → d) and 5 sharding broadcasts (2 s
+//! shards, one per worker) beside them, while the leader
 //! is killed (SIGKILL) twice and a worker every few seconds, each
 //! replaced. A schedule fires every second throughout.
 //!
@@ -26,7 +27,11 @@
 //!   lease TTL + 2 s, and every fire time has one task;
 //! - every workflow SUCCEEDED, each of its steps SUCCEEDED exactly once (the
 //!   steps are among the tasks above), and no step started before its
-//!   parents had ended.
+//!   parents had ended;
+//! - every broadcast SUCCEEDED with shards 0..N-1 (N the workers in the
+//!   registry when the leader spread it), each shard SUCCEEDED exactly
+//!   once (the shards are among the tasks above: a shard whose worker was
+//!   killed ran again, explained as above).
 //!
 //! Clocks: kill instants are taken on this host's clock; fire times
 //! (`schedule_fires.handled_at`) are the leader's `now`, the database's
@@ -42,7 +47,8 @@ use std::time::Duration;
 use taskmesh::v1 as pb;
 use taskmesh_store::DatabaseKind;
 use taskmesh_testkit::cluster::{
-    Cluster, LEASE_TTL, Load, Replica, lazy_client, leader_index, submit_load, submit_workflows,
+    Cluster, LEASE_TTL, Load, Replica, lazy_client, leader_index, submit_broadcasts, submit_load,
+    submit_workflows,
 };
 use taskmesh_testkit::db::Arg;
 use taskmesh_testkit::metrics::metric;
@@ -68,6 +74,11 @@ const LEADER_KILL_GAP: Duration = Duration::from_secs(8);
 /// Diamond workflows submitted beside the tasks, one per this interval.
 const WORKFLOWS: usize = 100;
 const WORKFLOW_EVERY: Duration = Duration::from_millis(150);
+/// Sharding broadcasts submitted beside them, one per this interval; each
+/// shard sleeps BROADCAST_MS, so worker kills hit shards.
+const BROADCASTS: usize = 5;
+const BROADCAST_EVERY: Duration = Duration::from_secs(3);
+const BROADCAST_MS: u64 = 2_000;
 /// How far two replicas' readings of the database clock may differ.
 const CLOCK_SLACK_MS: i64 = 100;
 
@@ -137,6 +148,13 @@ async fn chaos(kind: DatabaseKind) {
         TASK_MS,
         "chaos-wf".into(),
     ));
+    let broadcast_submitter = tokio::spawn(submit_broadcasts(
+        urls.clone(),
+        BROADCASTS,
+        BROADCAST_EVERY,
+        BROADCAST_MS,
+        "chaos-bc".into(),
+    ));
     let begin = Instant::now();
     let mut next_worker_kill = begin + Duration::from_secs(2);
     let mut next_leader_kill = begin + FIRST_LEADER_KILL;
@@ -199,6 +217,7 @@ async fn chaos(kind: DatabaseKind) {
     let chaos_secs = begin.elapsed().as_secs_f64();
     let mut accepted = submitter.await.expect("the submitter");
     let (workflows, steps) = workflow_submitter.await.expect("the workflow submitter");
+    let broadcasts = broadcast_submitter.await.expect("the broadcast submitter");
     let tasks_accepted = accepted.len();
     accepted.extend(steps);
     api0 = lazy_client(&urls[0]);
@@ -231,6 +250,24 @@ async fn chaos(kind: DatabaseKind) {
     assert_eq!(tasks_accepted, TASKS, "every task was accepted");
     assert_eq!(workflows.len(), WORKFLOWS, "every workflow was accepted");
     let workflow_order = check_workflows(&urls, &workflows).await;
+    assert_eq!(broadcasts.len(), BROADCASTS, "every broadcast was accepted");
+    let shard_counts = check_broadcasts(&db, &broadcasts).await;
+    let mut shard_ids = std::collections::HashSet::new();
+    for b in &broadcasts {
+        accepted.push(b.clone());
+        let shards = db.children(b).await.expect("read the shards");
+        shard_ids.extend(shards.into_iter().map(|s| s.0));
+    }
+    accepted.extend(shard_ids.iter().cloned());
+    let shards_run_again = {
+        let mut n: HashMap<String, usize> = HashMap::new();
+        for a in db.attempts().await.expect("read the attempts") {
+            if shard_ids.contains(&a.0) {
+                *n.entry(a.0).or_default() += 1;
+            }
+        }
+        n.values().filter(|&&k| k > 1).count()
+    };
     let ledger = read_ledgers(&cluster, started);
     let killed_worker_at: HashMap<&str, i64> = worker_kills
         .iter()
@@ -271,6 +308,9 @@ async fn chaos(kind: DatabaseKind) {
         explained("a killed replica")
     );
     println!("  attempts {}, tasks SUCCEEDED twice 0", proof.attempts);
+    println!(
+        "  broadcasts {BROADCASTS}: all SUCCEEDED, shards per broadcast {shard_counts:?}, each index SUCCEEDED once; {shards_run_again} shards ran again after a lost attempt"
+    );
     println!(
         "  workflows {WORKFLOWS}: all SUCCEEDED, {} steps each SUCCEEDED once; {workflow_order}",
         4 * WORKFLOWS
@@ -332,6 +372,40 @@ fn read_ledgers(cluster: &Cluster, started: usize) -> Vec<LedgerLine> {
     (1..=started)
         .flat_map(|n| read_ledger(&cluster.path(&format!("ledger-w{n}"))))
         .collect()
+}
+
+/// Every broadcast SUCCEEDED with shards 0..total, each SUCCEEDED (each
+/// with one SUCCEEDED attempt: `prove`); the shard count of each.
+async fn check_broadcasts(db: &taskmesh_testkit::db::Db, ids: &[String]) -> Vec<usize> {
+    let states: HashMap<String, String> = db
+        .tasks()
+        .await
+        .expect("read the tasks")
+        .into_iter()
+        .map(|(id, state, _, _)| (id, state))
+        .collect();
+    let mut counts = Vec::new();
+    for id in ids {
+        assert_eq!(
+            states.get(id).map(String::as_str),
+            Some("SUCCEEDED"),
+            "broadcast {id}"
+        );
+        let mut shards = db.children(id).await.expect("read the shards");
+        shards.sort_by_key(|s| s.2);
+        let n = shards.len();
+        assert!(n >= 1, "broadcast {id} was spread");
+        for (i, (sid, state, index, total)) in shards.iter().enumerate() {
+            assert_eq!(
+                (*index, *total),
+                (i as i64, n as i64),
+                "shard {sid} of {id}"
+            );
+            assert_eq!(state, "SUCCEEDED", "shard {sid} of {id}");
+        }
+        counts.push(n);
+    }
+    counts
 }
 
 /// Every workflow SUCCEEDED with its four steps SUCCEEDED, and each step

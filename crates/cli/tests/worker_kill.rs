@@ -163,3 +163,119 @@ async fn tasks_of_a_killed_push_worker_process_finish_elsewhere() {
     b.stop().await;
     stop_node(node).await;
 }
+
+/// The children of `parent` (a broadcast's shards), by shard index.
+async fn shards(api: &mut TaskApiClient<Channel>, parent: &str) -> Vec<pb::Task> {
+    let mut tasks = api
+        .list_tasks(pb::ListTasksRequest {
+            parent_task_id: parent.into(),
+            page_size: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("ListTasks by parent")
+        .into_inner()
+        .tasks;
+    tasks.sort_by_key(|t| t.shard_index);
+    tasks
+}
+
+/// A broadcast over 3 `taskmesh worker` processes: shards 0, 1 and 2 run
+/// one on each; the worker running shard 1 is killed (SIGKILL) mid-shard,
+/// and that shard runs again with the same index on a worker that had
+/// finished its own. In the end every index SUCCEEDED exactly once (one
+/// succeeded attempt each), the lost attempt is WORKER_LOST, and the
+/// broadcast SUCCEEDED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_shard_of_a_killed_worker_runs_again_with_its_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let mut api = api(node.grpc_addr).await;
+    let server = [format!("http://{}", node.grpc_addr)];
+    let mut procs = Vec::new();
+    for id in ["bw-0", "bw-1", "bw-2"] {
+        let p = WorkerProcess::new(BIN.as_ref(), id, &server, dir.path())
+            .handlers("sleep")
+            .concurrency(2)
+            .spawn()
+            .await;
+        procs.push((id, p));
+    }
+    wait_for("3 workers connected", LIMIT, || {
+        let mut api = api.clone();
+        async move { (workers(&mut api).await.len() == 3).then_some(()) }
+    })
+    .await;
+
+    let parent = api
+        .submit_task(pb::SubmitTaskRequest {
+            handler: "sleep".into(),
+            payload: Some(pb::Payload {
+                data: br#"{"ms":3000}"#.to_vec(),
+                content_type: "application/json".into(),
+            }),
+            broadcast: true,
+            ..Default::default()
+        })
+        .await
+        .expect("submit a broadcast")
+        .into_inner()
+        .task_id;
+    let running = wait_for("3 shards running on 3 workers", LIMIT, || {
+        let mut api = api.clone();
+        let parent = parent.clone();
+        async move {
+            let s = shards(&mut api, &parent).await;
+            let on: std::collections::BTreeSet<&str> =
+                s.iter().map(|t| t.worker_id.as_str()).collect();
+            (s.len() == 3 && s.iter().all(|t| state(t) == pb::TaskState::Running) && on.len() == 3)
+                .then_some(s)
+        }
+    })
+    .await;
+    assert_eq!(
+        running
+            .iter()
+            .map(|t| (t.shard_index, t.shard_total))
+            .collect::<Vec<_>>(),
+        vec![(0, 3), (1, 3), (2, 3)]
+    );
+    assert_eq!(state(&get(&mut api, &parent).await), pb::TaskState::Running);
+    let victim = running[1].worker_id.clone();
+    let (_, p) = procs.iter_mut().find(|(id, _)| *id == victim).unwrap();
+    p.kill();
+
+    let done = wait_task_state(&api, &parent, pb::TaskState::Succeeded, LIMIT).await;
+    assert!(done.broadcast);
+    let ended = shards(&mut api, &parent).await;
+    assert_eq!(ended.len(), 3, "no shard was added: {ended:#?}");
+    for (i, s) in ended.iter().enumerate() {
+        assert_eq!((s.shard_index, s.shard_total), (i as u32, 3));
+        assert_eq!(state(s), pb::TaskState::Succeeded, "{s:#?}");
+        let t = get(&mut api, &s.task_id).await;
+        let won: Vec<&pb::Attempt> = t
+            .attempts
+            .iter()
+            .filter(|a| a.outcome == pb::AttemptOutcome::Succeeded as i32)
+            .collect();
+        assert_eq!(won.len(), 1, "shard {i} succeeded exactly once: {t:#?}");
+        if i == 1 {
+            let first = &t.attempts[0];
+            assert_eq!(first.worker_id, victim);
+            assert_eq!(
+                first.outcome,
+                pb::AttemptOutcome::WorkerLost as i32,
+                "{t:#?}"
+            );
+            assert_ne!(won[0].worker_id, victim, "run again on a live worker");
+        } else {
+            assert_eq!(t.attempts.len(), 1, "shard {i} ran once: {t:#?}");
+        }
+    }
+    for (_, mut p) in procs {
+        if !p.is_killed() {
+            p.kill();
+        }
+    }
+    stop_node(node).await;
+}

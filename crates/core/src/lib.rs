@@ -9,6 +9,7 @@
 
 pub mod auth;
 pub mod breaker;
+pub mod broadcast;
 pub mod callback;
 pub mod clock;
 pub mod egress;
@@ -31,6 +32,6 @@ pub use state::{
     AttemptChange, Event, ReleaseReason, TaskState, Transition, TransitionError, apply,
 };
 pub use task::{
-    AttemptOutcome, AttemptRecord, Concurrency, NewTask, RetryPolicy, StateTimes, Strategy,
-    TaskRecord,
+    AttemptOutcome, AttemptRecord, Concurrency, NewTask, RetryPolicy, ShardOf, StateTimes,
+    Strategy, TaskRecord,
 };

@@ -115,6 +115,11 @@ pub struct TaskTemplate {
     /// templates stored before keys existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<crate::task::Concurrency>,
+    /// Each created task is a sharding broadcast (absent from templates
+    /// stored before broadcasts existed, and left out when false so their
+    /// fingerprints stay as they were).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub broadcast: bool,
 }
 
 /// A schedule as stored.
@@ -242,6 +247,8 @@ impl TaskTemplate {
             concurrency: t.concurrency.clone(),
             workflow: None,
             parent_task_id: None,
+            broadcast: t.broadcast,
+            shard: None,
         }
     }
 }

@@ -187,6 +187,23 @@ pub enum Event {
     /// [`crate::workflow::is_waiting`]), which [`Event::Due`] and
     /// [`Event::Defer`] refuse: a stale due-time can never release a step.
     Unblock,
+    /// A due sharding broadcast ([`TaskRecord::broadcast`], PENDING) is
+    /// spread into `shards` shards (written with it): it is RUNNING, with
+    /// no attempt of its own and no deadline, until they have ended.
+    Spread {
+        /// How many shards were made.
+        shards: u32,
+    },
+    /// The shards of a RUNNING broadcast have ended (the workflow holding
+    /// them did): it ends in `state` (SUCCEEDED, FAILED or CANCELLED).
+    ShardsEnded {
+        /// Its end state.
+        state: TaskState,
+        /// Why, when it did not succeed.
+        message: String,
+        /// Its output when it succeeded.
+        output: Vec<u8>,
+    },
     /// [`Event::Rerun`] of a workflow step whose parents run again too
     /// (RetryWorkflow): it goes back to waiting for them (PENDING without
     /// a `next_at`, never due), not to READY.
@@ -263,6 +280,8 @@ impl Event {
             Event::Rerun => "run again",
             Event::RerunAfterParents => "run again after its parents",
             Event::Unblock => "be released by its parents",
+            Event::Spread { .. } => "be spread into shards",
+            Event::ShardsEnded { .. } => "end with its shards",
         }
     }
 }
@@ -327,11 +346,37 @@ pub fn apply(
             next.next_at = None;
         }
         Event::Due => {
-            if !matches!(task.state, Pending | Retrying) || waiting {
+            // A broadcast is spread, never made READY.
+            if !matches!(task.state, Pending | Retrying) || waiting || task.broadcast {
                 return Err(illegal());
             }
             enter(&mut next, Ready, now);
             next.next_at = None;
+        }
+        Event::Spread { shards } => {
+            if task.state != Pending || waiting || !task.broadcast || *shards == 0 {
+                return Err(illegal());
+            }
+            enter(&mut next, Running, now);
+            next.next_at = None;
+        }
+        Event::ShardsEnded {
+            state,
+            message,
+            output,
+        } => {
+            let ends = matches!(state, Succeeded | Failed | Cancelled);
+            if task.state != Running || !task.broadcast || !ends {
+                return Err(illegal());
+            }
+            if *state == Succeeded {
+                next.output = Some(output.clone());
+                next.output_content_type = "application/json".into();
+                next.error_message.clear();
+            } else {
+                next.error_message = message.clone();
+            }
+            enter(&mut next, *state, now);
         }
         Event::Dispatch {
             execution_id,
@@ -453,7 +498,8 @@ pub fn apply(
             next.next_at = Some(*until);
         }
         Event::Cancel { reason } => {
-            if task.state.is_in_flight() {
+            // A spread broadcast is RUNNING without an attempt of its own.
+            if task.state.is_in_flight() && task.execution_id.is_some() {
                 change = close(&mut next, AttemptOutcome::Cancelled, reason.clone(), now);
             }
             next.error_message = if reason.is_empty() {
@@ -497,7 +543,13 @@ fn rerun_any(task: &TaskRecord, now: UnixMillis) -> Transition {
     next.error_message.clear();
     next.output = None;
     next.times.end = None;
-    enter(&mut next, Ready, now);
+    if task.broadcast {
+        // Spread again when the leader next looks (now).
+        enter(&mut next, Pending, now);
+        next.next_at = Some(now);
+    } else {
+        enter(&mut next, Ready, now);
+    }
     Transition {
         task: next,
         attempt: AttemptChange::None,

@@ -176,6 +176,20 @@ pub struct NewTask {
     /// The task it is a child of, if any (cancelling that task cancels
     /// this one).
     pub parent_task_id: Option<String>,
+    /// A sharding broadcast: stored PENDING (never READY), and spread into
+    /// one shard per live worker of its handler when due.
+    pub broadcast: bool,
+    /// The shard of a broadcast it is, if any.
+    pub shard: Option<ShardOf>,
+}
+
+/// A shard of a sharding broadcast: its index among `total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardOf {
+    /// 0 to `total - 1`.
+    pub index: u32,
+    /// How many shards the broadcast has.
+    pub total: u32,
 }
 
 impl NewTask {
@@ -205,6 +219,8 @@ impl NewTask {
             concurrency: None,
             workflow: None,
             parent_task_id: None,
+            broadcast: false,
+            shard: None,
         }
     }
 
@@ -232,6 +248,8 @@ impl NewTask {
             concurrency: Option<&'a Concurrency>,
             #[serde(skip_serializing_if = "Option::is_none")]
             parent_task_id: Option<&'a str>,
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            broadcast: bool,
         }
         let body = serde_json::to_vec(&Fingerprint {
             handler: &self.handler,
@@ -247,6 +265,7 @@ impl NewTask {
             run_at: requested_run_at,
             concurrency: self.concurrency.as_ref(),
             parent_task_id: self.parent_task_id.as_deref(),
+            broadcast: self.broadcast,
         })
         .unwrap_or_default();
         let digest = Sha256::digest(&body);
@@ -259,7 +278,8 @@ impl NewTask {
             .workflow
             .as_ref()
             .is_some_and(|w| !w.depends_on.is_empty() || w.on_failure);
-        let due = self.run_at <= now && !waits;
+        // A broadcast is never READY: the leader spreads it when due.
+        let due = self.run_at <= now && !waits && !self.broadcast;
         let state = if due {
             TaskState::Ready
         } else {
@@ -308,6 +328,8 @@ impl NewTask {
             concurrency: self.concurrency,
             workflow: self.workflow,
             parent_task_id: self.parent_task_id,
+            broadcast: self.broadcast,
+            shard: self.shard,
             attempts: Vec::new(),
             callback: None,
         }
@@ -401,6 +423,10 @@ pub struct TaskRecord {
     pub workflow: Option<crate::workflow::StepLink>,
     /// The task it is a child of, if any.
     pub parent_task_id: Option<String>,
+    /// A sharding broadcast ([`NewTask::broadcast`]).
+    pub broadcast: bool,
+    /// The shard of a broadcast it is, if any.
+    pub shard: Option<ShardOf>,
     /// Attempts, oldest first (may be left empty by list queries).
     pub attempts: Vec<AttemptRecord>,
     /// The callback outbox entry, once the task ended with a callback URL.

@@ -592,6 +592,15 @@ pub fn retry(steps: &[TaskRecord]) -> Vec<(String, crate::Event)> {
 /// Why RetryWorkflow must wait, if it must: the `on_failure` step is
 /// running (it handles the failure being retried).
 pub fn retry_blocked(steps: &[TaskRecord]) -> Option<String> {
+    if let Some(parent) = steps
+        .first()
+        .filter(|s| s.shard.is_some())
+        .and_then(|s| s.parent_task_id.as_ref())
+    {
+        return Some(format!(
+            "this workflow holds the shards of broadcast task {parent}; retry that task (RetryTask) to spread it again"
+        ));
+    }
     let h = steps
         .iter()
         .find(|t| is_on_failure(t) && !t.state.is_terminal() && !is_waiting(t))?;

@@ -199,6 +199,9 @@ pub fn task_to_pb(t: &TaskRecord) -> pb::Task {
             .map(|w| w.depends_on.clone())
             .unwrap_or_default(),
         parent_task_id: t.parent_task_id.clone().unwrap_or_default(),
+        broadcast: t.broadcast,
+        shard_index: t.shard.map_or(0, |s| s.index),
+        shard_total: t.shard.map_or(0, |s| s.total),
     }
 }
 

@@ -566,6 +566,8 @@ async fn push(shared: &Shared, task: TaskRecord) {
                 .as_ref()
                 .map(|w| w.step.clone())
                 .unwrap_or_default(),
+            shard_index: task.shard.map_or(0, |s| s.index),
+            shard_total: task.shard.map_or(0, |s| s.total),
         })),
     };
     match tx.try_send(Ok(msg)) {

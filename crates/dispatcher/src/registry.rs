@@ -167,6 +167,9 @@ struct Inner {
     sessions: HashMap<String, Session>,
     /// execution id → session id.
     owners: HashMap<String, String>,
+    /// execution id → the broadcast task, for attempts of a broadcast's
+    /// shards: a stream never holds two shards of one broadcast at once.
+    shards: HashMap<String, String>,
     /// namespace → handler → the streams serving it (two levels, so a
     /// lookup from borrowed names allocates nothing: `reserve` runs per task).
     pools: HashMap<String, HashMap<String, Pool>>,
@@ -276,6 +279,7 @@ impl Registry {
         let execs: Vec<String> = session.in_flight.into_keys().collect();
         for e in &execs {
             inner.owners.remove(e);
+            inner.shards.remove(e);
         }
         execs
     }
@@ -435,9 +439,23 @@ impl Registry {
             .balancer
             .unwrap_or_else(|| inner.opts.strategy_for(&task.handler));
         let ring_key = hash::routing_key(&task.routing_key, &task.id);
+        // A shard of a broadcast goes to a stream not running one of its
+        // siblings, so each worker runs one shard; with none free the
+        // shard waits for the next (a sibling's end frees one).
+        let broadcast = task.shard.and(task.parent_task_id.as_ref());
+        let avoid: Vec<Arc<str>> = match broadcast {
+            None => Vec::new(),
+            Some(parent) => inner
+                .shards
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .filter_map(|(e, _)| inner.owners.get(e))
+                .map(|s| Arc::from(s.as_str()))
+                .collect(),
+        };
         loop {
             let pool = inner.pool_mut(&task.namespace, &task.handler)?;
-            let i = pool.choose(strategy, &task.labels, ring_key)?;
+            let i = pool.choose(strategy, &task.labels, &avoid, ring_key)?;
             let member = pool.member(i)?;
             let session_id = member.session_id.to_string();
             let (closed, full) = (member.tx.is_closed(), member.tx.capacity() == 0);
@@ -456,6 +474,11 @@ impl Registry {
             inner
                 .owners
                 .insert(execution_id.to_string(), session_id.clone());
+            if let Some(parent) = broadcast {
+                inner
+                    .shards
+                    .insert(execution_id.to_string(), parent.clone());
+            }
             inner.refresh(&session_id);
             return Some(Reserved {
                 session_id,
@@ -475,6 +498,7 @@ impl Registry {
     pub fn finish_with(&self, execution_id: &str, after: After) -> Option<Ended> {
         let mut inner = self.lock();
         let session_id = inner.owners.remove(execution_id)?;
+        inner.shards.remove(execution_id);
         let session = inner.sessions.get_mut(&session_id)?;
         session.in_flight.remove(execution_id);
         match after {

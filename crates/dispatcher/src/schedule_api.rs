@@ -217,6 +217,7 @@ pub(crate) fn template_at(
         balancer: strategy_from_pb(balancer),
         concurrency: Concurrency::from_parts(&t.concurrency_key, t.concurrency_limit)
             .map_err(|e| invalid(format!("{at}.{e}")))?,
+        broadcast: t.broadcast,
     })
 }
 
@@ -260,6 +261,7 @@ pub(crate) fn to_pb(s: &ScheduleRecord) -> pb::Schedule {
             balancer: strategy_to_pb(t.balancer) as i32,
             concurrency_key,
             concurrency_limit,
+            broadcast: t.broadcast,
         }),
         misfire_policy: match s.misfire {
             MisfirePolicy::FireOnceNow => pb::MisfirePolicy::FireOnceNow,
@@ -327,6 +329,7 @@ pub(crate) fn draft(
             callback_url: String::new(),
             balancer: None,
             concurrency: None,
+            broadcast: false,
         },
         misfire: MisfirePolicy::FireOnceNow,
         max_catch_up: 0,

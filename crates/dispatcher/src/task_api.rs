@@ -169,6 +169,8 @@ fn new_task(
             workflow: None,
             // Set by the caller once checked (`children::parent_of`).
             parent_task_id: None,
+            broadcast: req.broadcast,
+            shard: None,
         },
         fingerprint_run_at,
     ))

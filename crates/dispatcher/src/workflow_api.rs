@@ -134,7 +134,13 @@ pub(crate) async fn submit(
     check_steps(&defs, max).map_err(invalid)?;
     let mut templates = Vec::with_capacity(specs.len());
     for (s, _, at) in specs {
-        templates.push(template_at(shared, s.template, &at)?);
+        let t = template_at(shared, s.template, &at)?;
+        if t.broadcast {
+            return Err(invalid(format!(
+                "{at}.broadcast: a workflow step cannot be a broadcast (submit the broadcast as a task)"
+            )));
+        }
+        templates.push(t);
     }
     // Checked last: a definition refused costs no read.
     let parent = children::parent_of(shared, who, &namespace, &req.parent_task_id).await?;

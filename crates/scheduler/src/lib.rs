@@ -11,6 +11,7 @@
 //! channel, so the dispatcher frees the slot and cancels the worker's
 //! handler. It knows nothing of tonic.
 
+mod broadcast;
 pub mod engine;
 pub mod fault;
 mod fire;

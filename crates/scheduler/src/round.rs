@@ -17,9 +17,15 @@ impl Scheduler {
             .await
             .map_err(|e| e.to_string())?;
         let mut events = Vec::with_capacity(due.len());
+        let mut broadcasts = Vec::new();
         for task in &due {
             let exec = task.execution_id.clone().unwrap_or_default();
             let event = match task.state {
+                // Spread, not made READY.
+                TaskState::Pending if task.broadcast => {
+                    broadcasts.push(task);
+                    continue;
+                }
                 TaskState::Pending => Event::Due,
                 TaskState::Retrying => {
                     match self
@@ -46,6 +52,7 @@ impl Scheduler {
             };
             events.push((task.id.clone(), event));
         }
+        self.spread_broadcasts(&broadcasts, now, fence).await?;
         if events.is_empty() {
             return Ok(due.len());
         }

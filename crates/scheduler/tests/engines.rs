@@ -95,6 +95,7 @@ fn every_second(clock: &SystemClock) -> ScheduleRecord {
             callback_url: String::new(),
             balancer: None,
             concurrency: None,
+            broadcast: false,
         },
         misfire: MisfirePolicy::Skip,
         max_catch_up: 0,

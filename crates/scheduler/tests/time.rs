@@ -124,6 +124,7 @@ impl Fixture {
                 callback_url: String::new(),
                 balancer: None,
                 concurrency: None,
+                broadcast: false,
             },
             misfire,
             max_catch_up: 3,

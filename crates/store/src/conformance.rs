@@ -99,6 +99,7 @@ macro_rules! store_conformance_suite {
             a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest,
             an_ended_workflow_ages_out_whole,
             the_on_failure_step_runs_with_the_failed_steps_errors,
+            a_broadcast_is_spread_into_shards_and_ends_with_them,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -305,6 +306,7 @@ pub use schedules::{
 };
 pub use scheduling::{due_tasks_after_run_at, in_flight_by_worker, ready_counts_by_handler};
 pub use workflows::{
+    a_broadcast_is_spread_into_shards_and_ends_with_them,
     a_diamond_workflow_releases_each_step_once_with_its_parents_outputs,
     a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest,
     an_ended_workflow_ages_out_whole, the_on_failure_step_runs_with_the_failed_steps_errors,

@@ -161,9 +161,28 @@ fn decode_task(row: &impl Columns, id: &str) -> Result<TaskRecord, String> {
         concurrency: concurrency(row)?,
         workflow: workflow(row)?,
         parent_task_id: row.opt_text("parent_task_id")?,
+        broadcast: row.int("broadcast")? != 0,
+        shard: shard(row)?,
         attempts: Vec::new(),
         callback: None,
     })
+}
+
+/// The `shard_index` and `shard_total` columns: a total of 0 is no shard.
+fn shard(row: &impl Columns) -> Result<Option<taskmesh_core::ShardOf>, String> {
+    let total = row.int("shard_total")?;
+    if total == 0 {
+        return Ok(None);
+    }
+    let index = row.int("shard_index")?;
+    match (u32::try_from(index), u32::try_from(total)) {
+        (Ok(index), Ok(total)) if index < total => {
+            Ok(Some(taskmesh_core::ShardOf { index, total }))
+        }
+        _ => Err(format!(
+            "shard_index = {index} of shard_total = {total} is out of range"
+        )),
+    }
 }
 
 /// `depends_on` of a workflow's on_failure step: it depends on the

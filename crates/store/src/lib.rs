@@ -436,6 +436,22 @@ pub trait Store: Send + Sync + 'static {
         now: UnixMillis,
     ) -> Result<CreatedWorkflow>;
 
+    /// Sharding broadcast: spreads the due broadcast `id` (PENDING) into
+    /// `shards` shards (at most `broadcast::MAX_SHARDS`), in one
+    /// transaction fenced by `fence`: the task goes RUNNING and the shards
+    /// are written READY as the steps of a workflow of their own (its
+    /// `parent_task_id` the task), each a child of the task with its
+    /// index. The workflow's end, written with its last shard's end, ends
+    /// the task. Returns the task and the workflow with its shards;
+    /// [`Error::Transition`] when the task is no broadcast due to spread.
+    async fn spread_broadcast(
+        &self,
+        id: &str,
+        shards: u32,
+        now: UnixMillis,
+        fence: Option<u64>,
+    ) -> Result<(TaskRecord, WorkflowRecord)>;
+
     /// Workflows: one, with its steps' tasks (attempts left empty).
     async fn get_workflow(&self, id: &str) -> Result<Option<WorkflowRecord>>;
 

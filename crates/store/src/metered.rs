@@ -401,6 +401,20 @@ impl<S: Store> Store for Metered<S> {
         .await
     }
 
+    async fn spread_broadcast(
+        &self,
+        id: &str,
+        shards: u32,
+        now: UnixMillis,
+        fence: Option<u64>,
+    ) -> Result<(TaskRecord, WorkflowRecord)> {
+        timed(
+            "spread_broadcast",
+            self.inner.spread_broadcast(id, shards, now, fence),
+        )
+        .await
+    }
+
     async fn get_workflow(&self, id: &str) -> Result<Option<WorkflowRecord>> {
         timed("get_workflow", self.inner.get_workflow(id)).await
     }

@@ -356,6 +356,54 @@ pub async fn submit_workflows(
     (workflows, steps)
 }
 
+/// Submits `n` sharding broadcasts of `sleep` (`task_ms` each, the chaos
+/// retry policy), one per `every`, to the replicas in turn (the next on a
+/// refusal, for up to 60 s each); returns their ids.
+pub async fn submit_broadcasts(
+    urls: Vec<String>,
+    n: usize,
+    every: Duration,
+    task_ms: u64,
+    prefix: String,
+) -> Vec<String> {
+    let clients: Vec<_> = urls.iter().map(|u| lazy_client(u)).collect();
+    let mut pace = tokio::time::interval(every);
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        pace.tick().await;
+        let request = pb::SubmitTaskRequest {
+            handler: "sleep".into(),
+            payload: Some(pb::Payload {
+                data: format!(r#"{{"ms":{task_ms}}}"#).into_bytes(),
+                content_type: "application/json".into(),
+            }),
+            retry_policy: Some(retry_policy()),
+            client_request_id: format!("{prefix}-{i}"),
+            broadcast: true,
+            ..Default::default()
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut target = i;
+        let id = loop {
+            let mut c = clients[target % clients.len()].clone();
+            match c.submit_task(request.clone()).await {
+                Ok(r) => break r.into_inner().task_id,
+                Err(status) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "broadcast {i} refused for 60 s, last: {status}"
+                    );
+                    target += 1;
+                    // Retry pacing of a condition with a deadline.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        ids.push(id);
+    }
+    ids
+}
+
 /// The replica holding the lease (exactly one reports it), within 20 s.
 pub async fn leader_index(replicas: &[Replica]) -> usize {
     wait_for("exactly one leader", Duration::from_secs(20), || async {

@@ -127,6 +127,36 @@ impl Db {
             .await)
     }
 
+    /// The ids of sharding broadcasts (they run no attempt of their own).
+    pub async fn broadcasts(&self) -> Result<std::collections::HashSet<String>, sqlx::Error> {
+        let sql = "SELECT id FROM tasks WHERE broadcast = 1";
+        let ids: Vec<(String,)> = on_both!(self, sql, |pool, q| sqlx::query_as::<_, (String,)>(q)
+            .fetch_all(pool)
+            .await)?;
+        Ok(ids.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// The children of task `parent`: (id, state, shard_index, shard_total).
+    pub async fn children(
+        &self,
+        parent: &str,
+    ) -> Result<Vec<(String, String, i64, i64)>, sqlx::Error> {
+        match self {
+            Db::Postgres(pool) => sqlx::query_as(
+                "SELECT id, state, shard_index, shard_total FROM tasks WHERE parent_task_id = $1",
+            )
+            .bind(parent)
+            .fetch_all(pool)
+            .await,
+            Db::Mysql(pool) => sqlx::query_as(
+                "SELECT id, state, shard_index, shard_total FROM tasks WHERE parent_task_id = ?",
+            )
+            .bind(parent)
+            .fetch_all(pool)
+            .await,
+        }
+    }
+
     /// Every attempt row.
     pub async fn attempts(&self) -> Result<Vec<AttemptRow>, sqlx::Error> {
         let sql = "SELECT task_id, number, execution_id, worker_id, started_at, ended_at, \

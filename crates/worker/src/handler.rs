@@ -47,6 +47,10 @@ pub struct TaskContext {
     /// For a workflow step: each parent's output (bytes and media type)
     /// by step name.
     pub parent_outputs: HashMap<String, Output>,
+    /// For a shard of a sharding broadcast: `(index, total)`, the index
+    /// from 0 (each live worker of the handler runs one shard when the
+    /// broadcast was spread); `None` for any other task.
+    pub shard: Option<(u32, u32)>,
 }
 
 impl TaskContext {

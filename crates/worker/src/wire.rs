@@ -108,6 +108,7 @@ pub(crate) fn context(
         children,
         workflow_id: a.workflow_id,
         workflow_step: a.workflow_step,
+        shard: (a.shard_total > 0).then_some((a.shard_index, a.shard_total)),
         parent_outputs: a
             .parent_outputs
             .into_iter()

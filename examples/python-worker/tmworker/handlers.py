@@ -46,6 +46,10 @@ class Task:
     # A workflow step's name, and its parents' outputs by step name.
     workflow_step: str = ""
     parent_outputs: Dict[str, "Output"] = field(default_factory=dict)
+    # A shard of a sharding broadcast: its index (from 0) and how many
+    # shards there are; shard_total is 0 for any other task.
+    shard_index: int = 0
+    shard_total: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
     # Submits child tasks for `spawn` (set by the worker that runs the task).
     _submit: Optional[Callable[[List[dict]], List[str]]] = None
@@ -137,6 +141,14 @@ def sum_parents(task: Task) -> Output:
     return Output(json.dumps(body).encode(), "application/json")
 
 
+def shard(task: Task) -> Output:
+    """A shard of a sharding broadcast (each live worker of the handler
+    runs one): answers `{"shard": index, "of": total}`."""
+    task.log(f"shard {task.shard_index} of {task.shard_total}")
+    body = {"shard": task.shard_index, "of": task.shard_total}
+    return Output(json.dumps(body, separators=(",", ":")).encode(), "application/json")
+
+
 def fan_out(task: Task) -> Output:
     """Spawns `{"n": N, "handler": H, "payload": P}` child tasks of handler H
     (default `py.echo`), each with payload P (default `{"i": i}`), and
@@ -161,4 +173,5 @@ def fail(task: Task) -> Output:
 
 
 BUILTIN: Dict[str, Handler] = {"echo": echo, "py.echo": echo, "py.sleep": sleep, "py.fail": fail,
-                               "py.log": log_lines, "py.sum": sum_parents, "py.fanout": fan_out}
+                               "py.log": log_lines, "py.sum": sum_parents, "py.fanout": fan_out,
+                               "py.shard": shard}

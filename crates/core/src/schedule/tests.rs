@@ -26,6 +26,7 @@ fn schedule(kind: ScheduleKind, misfire: MisfirePolicy) -> ScheduleRecord {
             callback_url: String::new(),
             balancer: None,
             concurrency: None,
+            broadcast: false,
         },
         misfire,
         max_catch_up: 4,

@@ -30,6 +30,8 @@ enum Step {
     Defer(i64),
     Cancel,
     Rerun,
+    Spread(u32),
+    ShardsEnded(u8),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -44,6 +46,8 @@ fn step() -> impl Strategy<Value = Step> {
         (0i64..20_000).prop_map(Step::Defer),
         Just(Step::Cancel),
         Just(Step::Rerun),
+        (0u32..3).prop_map(Step::Spread),
+        (0u8..4).prop_map(Step::ShardsEnded),
     ]
 }
 
@@ -95,11 +99,39 @@ fn to_event(task: &TaskRecord, step: &Step, n: usize) -> Event {
             reason: "test".into(),
         },
         Step::Rerun => Event::Rerun,
+        Step::Spread(shards) => Event::Spread { shards: *shards },
+        Step::ShardsEnded(s) => Event::ShardsEnded {
+            state: [
+                TaskState::Succeeded,
+                TaskState::Failed,
+                TaskState::Cancelled,
+                TaskState::Ready,
+            ][usize::from(*s)],
+            message: "shard 1 failed".into(),
+            output: b"{}".to_vec(),
+        },
     }
 }
 
 /// The shape every stored task must have, whatever happened to it.
 fn check_invariants(t: &TaskRecord) {
+    if t.broadcast {
+        // Never an attempt of its own: its shards run; never READY.
+        assert!(t.execution_id.is_none() && t.worker_id.is_none(), "{t:?}");
+        assert!(t.attempt == 0 && t.run_count == 0, "{t:?}");
+        assert!(
+            !matches!(
+                t.state,
+                TaskState::Ready | TaskState::Dispatching | TaskState::Retrying
+            ),
+            "{t:?}"
+        );
+        match t.state {
+            TaskState::Pending => assert!(t.next_at.is_some(), "{t:?}"),
+            _ => assert!(t.next_at.is_none(), "{t:?}"),
+        }
+        return;
+    }
     assert_eq!(
         t.execution_id.is_some(),
         t.state.is_in_flight(),
@@ -131,10 +163,19 @@ proptest! {
     #[test]
     fn no_sequence_reaches_an_illegal_state(
         delayed in any::<bool>(),
+        broadcast in any::<bool>(),
         max_attempts in 1u32..4,
         steps in proptest::collection::vec(step(), 0..40),
     ) {
         let mut task = new_task(if delayed { 500 } else { 0 }, max_attempts);
+        if broadcast {
+            task = NewTask {
+                id: "b".into(),
+                broadcast: true,
+                ..NewTask::new("echo", if delayed { 500 } else { 0 })
+            }
+            .into_record(100);
+        }
         check_invariants(&task);
         let mut now = 100;
         for (n, s) in steps.iter().enumerate() {
@@ -148,7 +189,8 @@ proptest! {
                     if tr.reopened {
                         prop_assert!(matches!(event, Event::Rerun));
                         prop_assert_ne!(before.state, TaskState::Succeeded);
-                        prop_assert_eq!(tr.task.state, TaskState::Ready);
+                        let reopened_in = if broadcast { TaskState::Pending } else { TaskState::Ready };
+                        prop_assert_eq!(tr.task.state, reopened_in);
                         prop_assert_eq!(tr.task.attempt, before.attempt, "attempt numbers go on");
                     }
                     prop_assert_eq!(tr.task.version, before.version + 1);

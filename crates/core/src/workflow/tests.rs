@@ -279,6 +279,7 @@ fn an_on_failure_step_is_checked() {
         callback_url: String::new(),
         balancer: None,
         concurrency: None,
+        broadcast: false,
     };
     let plain = [def("a", &[]), def("f", &[])];
     let fp_under = |d: &[StepDef], parent: Option<&str>| {

@@ -78,17 +78,21 @@ impl Pool {
     }
 
     /// Chooses with `strategy` among members carrying every label in
-    /// `labels`.
+    /// `labels`, other than the sessions in `avoid`.
     pub fn choose(
         &mut self,
         strategy: Strategy,
         labels: &BTreeMap<String, String>,
+        avoid: &[Arc<str>],
         key: u64,
     ) -> Option<usize> {
-        let mask: Option<Vec<bool>> = (!labels.is_empty()).then(|| {
+        let mask: Option<Vec<bool>> = (!labels.is_empty() || !avoid.is_empty()).then(|| {
             self.members
                 .iter()
-                .map(|m| labels.iter().all(|(k, v)| m.labels.get(k) == Some(v)))
+                .map(|m| {
+                    labels.iter().all(|(k, v)| m.labels.get(k) == Some(v))
+                        && !avoid.contains(&m.session_id)
+                })
                 .collect()
         });
         let pick = Pick {

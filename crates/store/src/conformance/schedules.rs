@@ -34,6 +34,7 @@ pub(super) fn schedule(id: &str, next: Option<i64>) -> ScheduleRecord {
                 key: "nightly".into(),
                 limit: 1,
             }),
+            broadcast: false,
         },
         misfire: MisfirePolicy::CatchUp,
         max_catch_up: 3,

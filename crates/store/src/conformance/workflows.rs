@@ -741,3 +741,102 @@ pub async fn the_on_failure_step_runs_with_the_failed_steps_errors(fixture: &dyn
         done.steps[2].error_message
     );
 }
+
+/// A broadcast: stored PENDING (never READY, never claimed), spread into
+/// 3 shards (the task RUNNING, the shards READY children with indexes 0-2
+/// in a workflow of their own); the task SUCCEEDED in the transaction that
+/// ends the last shard, and not before. A second broadcast whose shard
+/// fails for good FAILED with the failure named, its other shards
+/// cancelled; RetryWorkflow of a shards' workflow is refused, RetryTask
+/// of the broadcast makes it PENDING and due to be spread again.
+pub async fn a_broadcast_is_spread_into_shards_and_ends_with_them(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let broadcast = |handler: &str| NewTask {
+        broadcast: true,
+        ..new_task(handler)
+    };
+    let b = store
+        .create_task(broadcast("bc-ok"), "fp-b", T0)
+        .await
+        .expect("create")
+        .task;
+    assert_eq!((b.state, b.next_at), (TaskState::Pending, Some(T0)));
+    assert!(b.broadcast);
+    assert!(
+        claim(store, "bc-ok").await.is_empty(),
+        "a broadcast is never claimed"
+    );
+    let (running, w) = store
+        .spread_broadcast(&b.id, 3, T0 + 1, None)
+        .await
+        .expect("spread");
+    assert_eq!(running.state, TaskState::Running);
+    assert_eq!(running.execution_id, None);
+    assert_eq!(w.parent_task_id.as_deref(), Some(b.id.as_str()));
+    assert!(
+        store
+            .spread_broadcast(&b.id, 3, T0 + 1, None)
+            .await
+            .is_err(),
+        "a running broadcast is not spread twice"
+    );
+    let shards = claim(store, "bc-ok").await;
+    let mut idx: Vec<(u32, u32)> = shards
+        .iter()
+        .map(|s| s.shard.map(|x| (x.index, x.total)).expect("a shard"))
+        .collect();
+    idx.sort_unstable();
+    assert_eq!(idx, vec![(0, 3), (1, 3), (2, 3)]);
+    assert!(
+        shards
+            .iter()
+            .all(|s| s.parent_task_id.as_deref() == Some(b.id.as_str()) && !s.broadcast)
+    );
+    for s in &shards[..2] {
+        finish(store, s, true).await;
+    }
+    let now = store.get_task(&b.id).await.expect("get").expect("there");
+    assert_eq!(now.state, TaskState::Running, "one shard still runs");
+    finish(store, &shards[2], true).await;
+    let done = store.get_task(&b.id).await.expect("get").expect("there");
+    assert_eq!(done.state, TaskState::Succeeded);
+    assert_eq!(wf(store, &w.id).await.state, WorkflowState::Succeeded);
+
+    let f = store
+        .create_task(broadcast("bc-fail"), "fp-f", T0)
+        .await
+        .expect("create")
+        .task;
+    let (_, w) = store
+        .spread_broadcast(&f.id, 2, T0 + 1, None)
+        .await
+        .expect("spread");
+    let shards = claim(store, "bc-fail").await;
+    assert_eq!(shards.len(), 2);
+    finish(store, &shards[0], false).await;
+    let failed = store.get_task(&f.id).await.expect("get").expect("there");
+    assert_eq!(failed.state, TaskState::Failed);
+    assert!(
+        failed.error_message.contains("broke"),
+        "{}",
+        failed.error_message
+    );
+    let w = wf(store, &w.id).await;
+    assert_eq!(w.state, WorkflowState::Failed);
+    assert!(w.steps.iter().any(|s| s.state == TaskState::Cancelled));
+    assert!(matches!(
+        store.retry_workflow(&w.id, T0 + 3).await,
+        Err(crate::Error::FailedPrecondition(_))
+    ));
+    let again = store
+        .transition(&f.id, &Event::Rerun, T0 + 4)
+        .await
+        .expect("rerun");
+    assert_eq!(
+        (again.state, again.next_at),
+        (TaskState::Pending, Some(T0 + 4))
+    );
+    let due = store.due_tasks(T0 + 4, 100).await.expect("due");
+    assert!(due.iter().any(|t| t.id == f.id), "due to be spread again");
+}

@@ -16,7 +16,8 @@ pub const TASK_READ: &str = "id, namespace, handler, payload, content_type, stat
     updated_at, pending_at, ready_at, dispatching_at, running_at, retrying_at, ended_at, \
     attempt, run_count, execution_id, worker_id, next_at, output, output_content_type, \
     error_message, version, traceparent, balancer, schedule_id, concurrency_key, \
-    concurrency_limit, workflow_id, workflow_step, depends_on, parent_task_id";
+    concurrency_limit, workflow_id, workflow_step, depends_on, parent_task_id, broadcast, \
+    shard_index, shard_total";
 
 /// [`TASK_READ`] without the bodies (empty `payload`, `output` only where
 /// one exists) and with their sizes (`payload_len`, `output_len`): what a
@@ -29,7 +30,8 @@ pub const TASK_READ_SUMMARY: &str = "id, namespace, handler, SUBSTR(payload, 1, 
     attempt, run_count, execution_id, worker_id, next_at, SUBSTR(output, 1, 0) AS output, \
     COALESCE(LENGTH(output), 0) AS output_len, output_content_type, \
     error_message, version, traceparent, balancer, schedule_id, concurrency_key, \
-    concurrency_limit, workflow_id, workflow_step, depends_on, parent_task_id";
+    concurrency_limit, workflow_id, workflow_step, depends_on, parent_task_id, broadcast, \
+    shard_index, shard_total";
 
 /// The `tasks` columns an insert writes before [`TASK_BODY`]; they never
 /// change afterwards.
@@ -41,7 +43,7 @@ pub const TASK_KEYS: [&str; 4] = [
 ];
 
 /// Every other `tasks` column, in [`body_args`] order; `true` for JSON.
-pub const TASK_BODY: [(&str, bool); 40] = [
+pub const TASK_BODY: [(&str, bool); 43] = [
     ("handler", false),
     ("payload", false),
     ("content_type", false),
@@ -82,6 +84,9 @@ pub const TASK_BODY: [(&str, bool); 40] = [
     ("workflow_step", false),
     ("depends_on", false),
     ("parent_task_id", false),
+    ("broadcast", false),
+    ("shard_index", false),
+    ("shard_total", false),
 ];
 
 /// The columns a transition may change (`core::apply` leaves the others
@@ -229,6 +234,11 @@ pub fn body_args(task: &TaskRecord, out: &mut Args) -> Result<()> {
         ),
     }));
     out.push(Val::Text(task.parent_task_id.clone()));
+    out.extend(args![
+        i64::from(task.broadcast),
+        task.shard.map_or(0, |s| i64::from(s.index)),
+        task.shard.map_or(0, |s| i64::from(s.total)),
+    ]);
     Ok(())
 }
 

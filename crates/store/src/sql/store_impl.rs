@@ -333,6 +333,16 @@ impl<B: Backend> Store for SqlStore<B> {
             .await
     }
 
+    async fn spread_broadcast(
+        &self,
+        id: &str,
+        shards: u32,
+        now: UnixMillis,
+        fence: Option<u64>,
+    ) -> Result<(TaskRecord, WorkflowRecord)> {
+        self.spread_broadcast_sql(id, shards, now, fence).await
+    }
+
     async fn get_workflow(&self, id: &str) -> Result<Option<WorkflowRecord>> {
         self.get_workflow_sql(id).await
     }

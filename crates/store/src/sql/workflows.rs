@@ -22,12 +22,12 @@
 use std::collections::HashMap;
 
 use taskmesh_core::workflow::{self as wf, ParentOutput, WorkflowRecord, WorkflowState};
-use taskmesh_core::{CallbackState, Event, NewTask, TaskRecord, TaskState, UnixMillis};
+use taskmesh_core::{CallbackState, Event, NewTask, TaskRecord, TaskState, UnixMillis, broadcast};
 
 use super::backend::Backend;
 use super::dialect::in_lists;
-use super::tasks::{complete, insert_rows, sql_limit};
-use super::transitions::transition_one;
+use super::tasks::{complete, insert_rows, lock_task, sql_limit};
+use super::transitions::{check_fence, transition_one, write_transition};
 use super::{SqlStore, Val, args};
 use crate::error::is_unique_violation;
 use crate::{Error, Result, TaskChange, decode};
@@ -232,6 +232,7 @@ async fn advance_one<B: Backend>(
         plan.message
     };
     if plan.state != workflow.state || message != workflow.message {
+        let ends = plan.state.is_terminal() && !workflow.state.is_terminal();
         let ended_at = if plan.state.is_terminal() {
             workflow.ended_at.or(Some(now))
         } else {
@@ -247,9 +248,66 @@ async fn advance_one<B: Backend>(
         workflow.message = message;
         workflow.updated_at = now;
         workflow.ended_at = ended_at;
+        if ends {
+            end_broadcast(b, tx, &workflow, &steps, now, changed).await?;
+        }
     }
     workflow.steps = steps;
     Ok((workflow, complete))
+}
+
+/// Inserts `workflow`'s row (not its steps).
+async fn insert_workflow<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    workflow: &WorkflowRecord,
+    fingerprint: &str,
+) -> sqlx::Result<u64> {
+    let values = args![
+        &workflow.id,
+        &workflow.namespace,
+        workflow.client_request_id.clone(),
+        fingerprint,
+        workflow.failure_policy.as_str(),
+        workflow.state.as_str(),
+        &workflow.message,
+        i64::from(workflow.step_count),
+        workflow.created_at,
+        workflow.updated_at,
+        workflow.ended_at,
+        workflow.parent_task_id.clone(),
+    ];
+    b.exec(tx, &b.sql().insert_workflow, values).await
+}
+
+/// Ends the broadcast whose shards `workflow` holds, once it has ended, in
+/// the transaction that ended it (the caller holds the workflow's row and
+/// has written its last shard's end). The broadcast's row is locked after
+/// the workflow's and its steps' rows, the order every path takes: no
+/// path holding a broadcast's row waits for its shards' workflow (a
+/// broadcast is never a workflow step, and its cancel sweeps the shards in
+/// a transaction of its own).
+async fn end_broadcast<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    workflow: &WorkflowRecord,
+    steps: &[TaskRecord],
+    now: UnixMillis,
+    changed: &mut Vec<TaskRecord>,
+) -> Result<()> {
+    let (Some(parent), Some(event)) = (&workflow.parent_task_id, broadcast::ended(workflow)) else {
+        return Ok(());
+    };
+    if !broadcast::holds_shards(steps) {
+        return Ok(());
+    }
+    match transition_one(b, tx, parent, &event, now).await {
+        Ok(task) => changed.push(task),
+        // Cancelled (or removed) before its shards ended.
+        Err(Error::Transition(_) | Error::NotFound(_)) => {}
+        Err(err) => return Err(err),
+    }
+    Ok(())
 }
 
 /// Fills in the parents' outputs of the claimed steps among `tasks`.
@@ -343,21 +401,7 @@ impl<B: Backend> SqlStore<B> {
             b.commit(tx).await?;
             return Ok(found);
         }
-        let values = args![
-            &workflow.id,
-            &workflow.namespace,
-            workflow.client_request_id.clone(),
-            fingerprint,
-            workflow.failure_policy.as_str(),
-            workflow.state.as_str(),
-            &workflow.message,
-            i64::from(workflow.step_count),
-            workflow.created_at,
-            workflow.updated_at,
-            workflow.ended_at,
-            workflow.parent_task_id.clone(),
-        ];
-        if let Err(err) = b.exec(&mut tx, &b.sql().insert_workflow, values).await {
+        if let Err(err) = insert_workflow(b, &mut tx, &workflow, fingerprint).await {
             drop(tx);
             // Another submit of the same key committed first.
             if is_unique_violation(&err) {
@@ -392,6 +436,57 @@ impl<B: Backend> SqlStore<B> {
             },
             existing: false,
         })
+    }
+
+    /// `Store::spread_broadcast`: the broadcast `id` (PENDING) goes RUNNING
+    /// and its `shards` shards are written as the steps of a workflow of
+    /// their own, in one transaction fenced by `fence`.
+    pub(super) async fn spread_broadcast_sql(
+        &self,
+        id: &str,
+        shards: u32,
+        now: UnixMillis,
+        fence: Option<u64>,
+    ) -> Result<(TaskRecord, WorkflowRecord)> {
+        let b = self.backend();
+        let mut tx = b.begin_write().await?;
+        check_fence(b, &mut tx, fence).await?;
+        let task = lock_task(b, &mut tx, id)
+            .await?
+            .ok_or_else(|| Error::NotFound(id.to_string()))?;
+        let workflow_id = taskmesh_core::id::new_task_id();
+        let (workflow, steps) = broadcast::spread(
+            &task,
+            &workflow_id,
+            shards,
+            now,
+            taskmesh_core::id::new_task_id,
+        );
+        let event = Event::Spread {
+            shards: workflow.step_count,
+        };
+        let mut transition = taskmesh_core::apply(&task, &event, now)?;
+        // The row is locked: the compare-and-set cannot miss.
+        if !write_transition(b, &mut tx, task.version, &mut transition).await? {
+            return Err(Error::Conflict(format!("task {id}")));
+        }
+        insert_workflow(b, &mut tx, &workflow, "").await?;
+        let records: Vec<TaskRecord> = steps.into_iter().map(|t| t.into_record(now)).collect();
+        let rows: Vec<(&TaskRecord, &str)> = records.iter().map(|t| (t, "")).collect();
+        insert_rows(b, &mut tx, &rows).await??;
+        b.commit(tx).await?;
+        let changes: Vec<TaskChange> = std::iter::once(&transition.task)
+            .chain(&records)
+            .map(TaskChange::of)
+            .collect();
+        self.publish(&changes, &[]);
+        Ok((
+            transition.task,
+            WorkflowRecord {
+                steps: records,
+                ..workflow
+            },
+        ))
     }
 
     /// The workflow holding `workflow`'s idempotency key, if one does: the

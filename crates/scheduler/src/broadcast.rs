@@ -1,0 +1,104 @@
+//! The leader spreads due sharding broadcasts: one shard per live worker
+//! serving the broadcast's handler in its namespace (and carrying its
+//! labels), as the cluster's worker registry lists them now. With no such
+//! worker, or while the registry may still be refilling after
+//! coordination failed, the broadcast waits a second
+//! ([`RETRY_SPREAD_MS`]) and is looked at again: it runs on the workers
+//! there are, never on none.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+
+use taskmesh_core::{Event, TaskRecord, UnixMillis};
+use tracing::{debug, info};
+
+use crate::Scheduler;
+
+/// A broadcast with no worker to run on is looked at again this much later.
+pub const RETRY_SPREAD_MS: i64 = 1_000;
+
+impl Scheduler {
+    /// Spreads the due broadcasts among `due`, or defers them.
+    pub(crate) async fn spread_broadcasts(
+        &self,
+        due: &[&TaskRecord],
+        now: UnixMillis,
+        fence: u64,
+    ) -> Result<(), String> {
+        if due.is_empty() {
+            return Ok(());
+        }
+        let refilling = now < self.sweep_not_before.load(Ordering::Relaxed);
+        let workers = if refilling {
+            Vec::new()
+        } else {
+            match self.coord.list_workers().await {
+                Ok(w) => w,
+                Err(err) => {
+                    self.coord_failed.store(true, Ordering::Relaxed);
+                    debug!(error = %err, "no worker registry: broadcasts wait");
+                    Vec::new()
+                }
+            }
+        };
+        // (namespace, handler) → worker ids; a worker with several streams counts once.
+        let mut serving: HashMap<(&str, &str), Vec<&taskmesh_coord::WorkerEntry>> = HashMap::new();
+        for w in workers.iter().filter(|w| !w.draining) {
+            for h in &w.handlers {
+                serving
+                    .entry((w.namespace.as_str(), h.as_str()))
+                    .or_default()
+                    .push(w);
+            }
+        }
+        let mut deferred = Vec::new();
+        for task in due {
+            let ids: BTreeSet<&str> = serving
+                .get(&(task.namespace.as_str(), task.handler.as_str()))
+                .into_iter()
+                .flatten()
+                .filter(|w| task.labels.iter().all(|(k, v)| w.labels.get(k) == Some(v)))
+                .map(|w| w.worker_id.as_str())
+                .collect();
+            let shards = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+            if shards == 0 {
+                deferred.push((
+                    task.id.clone(),
+                    Event::Defer {
+                        until: now + RETRY_SPREAD_MS,
+                    },
+                ));
+                continue;
+            }
+            match self
+                .store
+                .spread_broadcast(&task.id, shards, now, Some(fence))
+                .await
+            {
+                Ok((_, workflow)) => {
+                    info!(task_id = %task.id, handler = %task.handler, shards = workflow.step_count, workflow_id = %workflow.id, "broadcast spread");
+                }
+                Err(err @ taskmesh_store::Error::Fenced(_)) => {
+                    return Err(crate::leader_write_error("spread_broadcast", fence)(err));
+                }
+                // Cancelled or spread meanwhile: nothing to do.
+                Err(err) => debug!(task_id = %task.id, error = %err, "broadcast not spread"),
+            }
+        }
+        if deferred.is_empty() {
+            return Ok(());
+        }
+        let results = self
+            .store
+            .transition_many(&deferred, now, Some(fence))
+            .await
+            .map_err(crate::leader_write_error("defer_broadcast", fence))?;
+        for ((task_id, _), r) in deferred.iter().zip(results) {
+            match r {
+                Ok(_) => debug!(task_id = %task_id, "no worker serves the broadcast's handler yet"),
+                Err(err) => debug!(task_id = %task_id, error = %err, "broadcast moved on"),
+            }
+        }
+        Ok(())
+    }
+}

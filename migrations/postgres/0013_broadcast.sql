@@ -1,0 +1,7 @@
+-- Sharding broadcast: a task marked broadcast (1) is spread, when due, into
+-- one shard per live worker of its handler; each shard is a child task
+-- carrying its index among shard_total (0 for a task that is not a shard).
+-- Columns with a constant default: no table rewrite.
+ALTER TABLE tasks ADD COLUMN broadcast BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN shard_index BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN shard_total BIGINT NOT NULL DEFAULT 0;
