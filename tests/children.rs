@@ -357,5 +357,69 @@ async fn cancelling_a_parent_cancels_its_children_and_refuses_new_ones() {
         .unwrap()
         .into_inner();
     assert_eq!(all.tasks.len(), 6, "the parent and its five children only");
+
+    // The bulk CancelTasks sweeps the children of what it cancels too.
+    let second = submit(&mut api, "spawn", b"{}").await;
+    five_running(&api, &second).await;
+    let answer = api
+        .cancel_tasks(pb::CancelTasksRequest {
+            handler: "spawn".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("CancelTasks")
+        .into_inner();
+    assert_eq!(answer.cancelled, 1, "{answer:?}");
+    all_cancelled(&api, &second).await;
+
+    // So does CancelWorkflow, for the children of its steps.
+    let w = api
+        .submit_workflow(pb::SubmitWorkflowRequest {
+            steps: vec![spec("s", "spawn", json!({}))],
+            ..Default::default()
+        })
+        .await
+        .expect("SubmitWorkflow")
+        .into_inner();
+    let step = w.workflow.unwrap().steps[0].task_id.clone();
+    five_running(&api, &step).await;
+    api.cancel_workflow(pb::CancelWorkflowRequest {
+        workflow_id: w.workflow_id,
+        ..Default::default()
+    })
+    .await
+    .expect("CancelWorkflow");
+    all_cancelled(&api, &step).await;
     worker.stop().await;
+}
+
+/// Waits until `parent` has 5 children RUNNING (`spawn`'s work).
+async fn five_running(api: &TaskApi, parent: &str) {
+    wait_for("5 children running", LIMIT, || {
+        let mut api = api.clone();
+        let parent = parent.to_string();
+        async move {
+            let c = list_children(&mut api, &parent).await;
+            let n = c
+                .iter()
+                .filter(|t| t.state == pb::TaskState::Running as i32)
+                .count();
+            (n == 5).then_some(())
+        }
+    })
+    .await;
+}
+
+/// Waits until every child of `parent` (5) is CANCELLED.
+async fn all_cancelled(api: &TaskApi, parent: &str) {
+    wait_for("every child cancelled", LIMIT, || {
+        let mut api = api.clone();
+        let parent = parent.to_string();
+        async move {
+            let c = list_children(&mut api, &parent).await;
+            (c.len() == 5 && c.iter().all(|t| t.state == pb::TaskState::Cancelled as i32))
+                .then_some(())
+        }
+    })
+    .await;
 }

@@ -213,6 +213,7 @@ pub(crate) async fn cancel_matching(
         reason: reason.clone(),
     };
     let mut cancelled = 0;
+    let mut parents = Vec::new();
     for chunk in found.chunks(CANCEL_CHUNK) {
         let events: Vec<(String, Event)> = chunk
             .iter()
@@ -230,7 +231,14 @@ pub(crate) async fn cancel_matching(
             if let Some(exec) = before.execution_id.as_deref() {
                 shared.take_back_attempt(&task.id, exec, &reason);
             }
+            parents.push(task.id);
         }
+    }
+    // Their children (a broadcast's shards, a handler's fan-out) go with
+    // them, as with CancelTask: one indexed read per task cancelled.
+    for parent in &parents {
+        crate::children::cancel_children(shared, namespace, parent, "parent task cancelled")
+            .await?;
     }
     shared.wake.notify_one();
     info!(namespace = %namespace, matched, cancelled, "tasks cancelled by filter");

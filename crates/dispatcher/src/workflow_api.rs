@@ -299,6 +299,11 @@ pub(crate) async fn cancel(
     for (task, execution_id) in &stopped {
         shared.take_back_attempt(&task.id, execution_id, &reason);
     }
+    // The children its steps spawned (a step's fan-out, ended or not) are
+    // the workflow's work too: cancelled as CancelTask cancels a parent's.
+    for step in &workflow.steps {
+        children::cancel_children(shared, namespace, &step.id, "workflow cancelled").await?;
+    }
     if !stopped.is_empty() {
         shared.wake.notify_one();
     }
