@@ -352,3 +352,115 @@ async fn a_scheduled_broadcast_runs_on_every_worker_at_each_fire() {
     }
     stop_node(node).await;
 }
+
+/// The bulk CancelTasks matching a broadcast and its shards cancels the
+/// broadcast and sweeps its shards (never in one batch with it); a
+/// broadcast whose payload is over 64 KiB is refused; a schedule with
+/// overlap CANCEL_PREVIOUS cancels the previous broadcast's shards too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_and_overlap_cancels_reach_the_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let workers = [
+        shard_worker(node.grpc_addr, "c-a", &["hold"]),
+        shard_worker(node.grpc_addr, "c-b", &["hold"]),
+    ];
+    for w in &workers {
+        assert!(w.handle.wait_connected(LIMIT).await);
+    }
+    let mut api = api(node.grpc_addr).await;
+
+    let held = submit_broadcast(&mut api, "hold").await;
+    wait_for("both shards running", LIMIT, || {
+        let mut api = api.clone();
+        let held = held.clone();
+        async move {
+            let s = shards(&mut api, &held).await;
+            (s.len() == 2 && s.iter().all(|t| state(t) == pb::TaskState::Running)).then_some(())
+        }
+    })
+    .await;
+    let answer = api
+        .cancel_tasks(pb::CancelTasksRequest {
+            handler: "hold".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("CancelTasks")
+        .into_inner();
+    assert_eq!((answer.matched, answer.cancelled), (3, 1), "{answer:?}");
+    assert_eq!(state(&get(&mut api, &held).await), pb::TaskState::Cancelled);
+    wait_for("both shards cancelled", LIMIT, || {
+        let mut api = api.clone();
+        let held = held.clone();
+        async move {
+            let s = shards(&mut api, &held).await;
+            s.iter()
+                .all(|t| state(t) == pb::TaskState::Cancelled)
+                .then_some(())
+        }
+    })
+    .await;
+
+    let big = api
+        .submit_task(pb::SubmitTaskRequest {
+            handler: "hold".into(),
+            payload: Some(pb::Payload {
+                data: vec![b'x'; 70_000],
+                content_type: "application/octet-stream".into(),
+            }),
+            broadcast: true,
+            ..Default::default()
+        })
+        .await
+        .expect_err("a broadcast of 70,000 bytes");
+    assert_eq!(big.code(), tonic::Code::InvalidArgument);
+    assert!(big.message().contains("each shard"), "{}", big.message());
+
+    let mut def = taskmesh_testkit::schedule::every_second("hold");
+    def.template.as_mut().unwrap().broadcast = true;
+    def.overlap_policy = pb::OverlapPolicy::CancelPrevious as i32;
+    let schedule = taskmesh_testkit::schedule::create_schedule(&mut api, def).await;
+    let first = wait_for("a second fire cancelled the first", LIMIT, || {
+        let mut api = api.clone();
+        let schedule = schedule.clone();
+        async move {
+            let tasks = api
+                .list_tasks(pb::ListTasksRequest {
+                    handler: "hold".into(),
+                    state: pb::TaskState::Cancelled as i32,
+                    page_size: 100,
+                    ..Default::default()
+                })
+                .await
+                .expect("ListTasks")
+                .into_inner()
+                .tasks;
+            tasks
+                .into_iter()
+                .find(|t| t.schedule_id == schedule && t.broadcast)
+        }
+    })
+    .await;
+    taskmesh_testkit::schedule::pause_schedule(&mut api, &schedule).await;
+    wait_for("the cancelled fire's shards cancelled", LIMIT, || {
+        let mut api = api.clone();
+        let id = first.task_id.clone();
+        async move {
+            let s = shards(&mut api, &id).await;
+            (!s.is_empty() && s.iter().all(|t| state(t) == pb::TaskState::Cancelled)).then_some(())
+        }
+    })
+    .await;
+    // The last fire still holds its workers: cancel it so they can drain.
+    api.cancel_tasks(pb::CancelTasksRequest {
+        handler: "hold".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("CancelTasks");
+    for w in workers {
+        w.stop().await;
+    }
+    stop_node(node).await;
+}

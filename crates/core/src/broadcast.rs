@@ -18,6 +18,22 @@ use crate::{Event, TaskState, UnixMillis};
 /// spread over the first this many (in worker id order).
 pub const MAX_SHARDS: u32 = 1_000;
 
+/// A broadcast's payload is copied into each of its shards, all written in
+/// one transaction: at most this many bytes (64 KiB; 64 MiB at the most
+/// shards).
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+
+/// Refuses a broadcast whose payload is too large to copy into its shards.
+pub fn check_payload(payload: &[u8]) -> Result<(), String> {
+    if payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(format!(
+            "a broadcast's payload is copied into each shard: at most {MAX_PAYLOAD_BYTES} bytes, not {}",
+            payload.len()
+        ));
+    }
+    Ok(())
+}
+
 /// The step name of shard `index`.
 pub fn step_name(index: u32) -> String {
     format!("shard-{index}")

@@ -196,6 +196,12 @@ pub(crate) async fn cancel_matching(
     found.sort_by(|a, b| b.id.cmp(&a.id));
     found.truncate(limit);
     let matched = found.len() as u32;
+    // A child whose parent is cancelled here goes with the parent's sweep,
+    // never in a batch beside it: a batch locks its rows in id order, the
+    // parent's first, and the end of a broadcast's last shard locks the
+    // shard before the broadcast (deadlock on Postgres and MySQL).
+    let ids: std::collections::HashSet<String> = found.iter().map(|t| t.id.clone()).collect();
+    found.retain(|t| t.parent_task_id.as_ref().is_none_or(|p| !ids.contains(p)));
     if req.dry_run {
         return Ok(pb::CancelTasksResponse {
             matched,

@@ -439,19 +439,28 @@ impl Registry {
             .balancer
             .unwrap_or_else(|| inner.opts.strategy_for(&task.handler));
         let ring_key = hash::routing_key(&task.routing_key, &task.id);
-        // A shard of a broadcast goes to a stream not running one of its
-        // siblings, so each worker runs one shard; with none free the
-        // shard waits for the next (a sibling's end frees one).
+        // A shard of a broadcast goes to a worker (any of its streams on
+        // this node) not running one of its siblings, so each worker runs
+        // one shard; with none free the shard waits for the next (a
+        // sibling's end frees one).
         let broadcast = task.shard.and(task.parent_task_id.as_ref());
         let avoid: Vec<Arc<str>> = match broadcast {
             None => Vec::new(),
-            Some(parent) => inner
-                .shards
-                .iter()
-                .filter(|(_, p)| *p == parent)
-                .filter_map(|(e, _)| inner.owners.get(e))
-                .map(|s| Arc::from(s.as_str()))
-                .collect(),
+            Some(parent) => {
+                let busy: HashSet<&str> = inner
+                    .shards
+                    .iter()
+                    .filter(|(_, p)| *p == parent)
+                    .filter_map(|(e, _)| inner.sessions.get(inner.owners.get(e)?))
+                    .map(|s| s.reg.worker_id.as_str())
+                    .collect();
+                inner
+                    .sessions
+                    .iter()
+                    .filter(|(_, s)| busy.contains(s.reg.worker_id.as_str()))
+                    .map(|(id, _)| Arc::from(id.as_str()))
+                    .collect()
+            }
         };
         loop {
             let pool = inner.pool_mut(&task.namespace, &task.handler)?;

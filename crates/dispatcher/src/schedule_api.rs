@@ -186,6 +186,10 @@ pub(crate) fn template_at(
             shared.opts.max_payload_bytes
         )));
     }
+    if t.broadcast {
+        taskmesh_core::broadcast::check_payload(&payload.data)
+            .map_err(|m| invalid(format!("{at}: {m}")))?;
+    }
     validate::short_text(&format!("{at}.payload.content_type"), &payload.content_type)
         .map_err(invalid)?;
     validate::labels(&format!("{at}.labels"), t.labels.iter()).map_err(invalid)?;

@@ -116,6 +116,9 @@ fn new_task(
             shared.opts.max_payload_bytes
         )));
     }
+    if req.broadcast {
+        taskmesh_core::broadcast::check_payload(&payload.data).map_err(invalid)?;
+    }
     validate::short_text("payload.content_type", &payload.content_type).map_err(invalid)?;
     validate::labels("labels", req.labels.iter()).map_err(invalid)?;
     validate::short_text("routing_key", &req.routing_key).map_err(invalid)?;

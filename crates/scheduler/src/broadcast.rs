@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 
 use taskmesh_core::{Event, TaskRecord, UnixMillis};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::Scheduler;
 
@@ -18,6 +18,51 @@ use crate::Scheduler;
 pub const RETRY_SPREAD_MS: i64 = 1_000;
 
 impl Scheduler {
+    /// Cancels the shards of broadcast `task`, cancelled by its schedule's
+    /// overlap policy (CANCEL_PREVIOUS), and has their workers told. A
+    /// failure is logged: the shards then run to their end, which no
+    /// longer ends the cancelled broadcast.
+    pub(crate) async fn cancel_shards(&self, task: &TaskRecord) {
+        let filter = taskmesh_store::TaskFilter {
+            namespace: Some(task.namespace.clone()),
+            parent_task_id: Some(task.id.clone()),
+            limit: 1_000,
+            ..Default::default()
+        };
+        let shards = match self.store.list_tasks(&filter).await {
+            Ok(page) => page.tasks,
+            Err(err) => {
+                warn!(task_id = %task.id, error = %err, "the shards of a cancelled broadcast could not be listed");
+                return;
+            }
+        };
+        let workflows: BTreeSet<String> = shards
+            .iter()
+            .filter(|s| s.shard.is_some() && !s.state.is_terminal())
+            .filter_map(|s| Some(s.workflow.as_ref()?.workflow_id.clone()))
+            .collect();
+        let reason = "its broadcast was cancelled by its schedule (overlap CANCEL_PREVIOUS)";
+        for id in workflows {
+            let now = self.clock.now_millis();
+            match self.store.cancel_workflow(&id, reason, now).await {
+                Ok((_, stopped)) => {
+                    for (t, execution_id) in stopped {
+                        let _ = self
+                            .reaped
+                            .send(crate::Reaped::Cancelled {
+                                task_id: t.id,
+                                execution_id,
+                            })
+                            .await;
+                    }
+                }
+                Err(err) => {
+                    warn!(task_id = %task.id, workflow_id = %id, error = %err, "the shards of a cancelled broadcast could not be cancelled");
+                }
+            }
+        }
+    }
+
     /// Spreads the due broadcasts among `due`, or defers them.
     pub(crate) async fn spread_broadcasts(
         &self,
@@ -82,7 +127,19 @@ impl Scheduler {
                     return Err(crate::leader_write_error("spread_broadcast", fence)(err));
                 }
                 // Cancelled or spread meanwhile: nothing to do.
-                Err(err) => debug!(task_id = %task.id, error = %err, "broadcast not spread"),
+                Err(taskmesh_store::Error::Transition(_) | taskmesh_store::Error::NotFound(_)) => {
+                    debug!(task_id = %task.id, "broadcast moved on before its spread");
+                }
+                // Looked at again a second later, not at every round.
+                Err(err) => {
+                    warn!(task_id = %task.id, error = %err, "broadcast not spread; trying again in a second");
+                    deferred.push((
+                        task.id.clone(),
+                        Event::Defer {
+                            until: now + RETRY_SPREAD_MS,
+                        },
+                    ));
+                }
             }
         }
         if deferred.is_empty() {

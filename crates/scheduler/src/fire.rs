@@ -160,6 +160,9 @@ impl Scheduler {
         fires: usize,
         next_fire_at: Option<UnixMillis>,
     ) {
+        if let Some(prev) = done.cancelled.as_ref().filter(|p| p.broadcast) {
+            self.cancel_shards(prev).await;
+        }
         if let Some(prev) = done.cancelled
             && let Some(execution_id) = prev.execution_id
         {

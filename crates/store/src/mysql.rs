@@ -51,6 +51,7 @@ static DIALECT: Dialect = Dialect {
     false_lit: "FALSE",
     due_state: "state",
     ready_from: "tasks FORCE INDEX (tasks_ready_claim)",
+    concurrency_from: "tasks FORCE INDEX (tasks_concurrency)",
     ended_from: "tasks t FORCE INDEX (tasks_ended)",
     ended_workflows_from: "workflows w FORCE INDEX (workflows_ended)",
     bulk: BulkForm::JoinUnion,

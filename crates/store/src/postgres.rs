@@ -48,6 +48,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     false_lit: "FALSE",
     due_state: "state",
     ready_from: "tasks",
+    concurrency_from: "tasks",
     ended_from: "tasks t",
     ended_workflows_from: "workflows w",
     bulk: BulkForm::ValuesAliased,

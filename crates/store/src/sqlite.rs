@@ -57,6 +57,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     // Without statistics the planner prefers `tasks_state_id`, which
     // needs a table lookup per row and a sort.
     ready_from: "tasks INDEXED BY tasks_ready_claim",
+    concurrency_from: "tasks",
     ended_from: "tasks t INDEXED BY tasks_ended",
     ended_workflows_from: "workflows w INDEXED BY workflows_ended",
     bulk: BulkForm::ValuesNumbered,

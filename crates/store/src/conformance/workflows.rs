@@ -839,4 +839,70 @@ pub async fn a_broadcast_is_spread_into_shards_and_ends_with_them(fixture: &dyn 
     );
     let due = store.due_tasks(T0 + 4, 100).await.expect("due");
     assert!(due.iter().any(|t| t.id == f.id), "due to be spread again");
+
+    // Spread again, its first spread's shards still live (cancelled
+    // without a sweep): their end does not end it, its new shards' does.
+    let r = store
+        .create_task(broadcast("bc-again"), "fp-r", T0)
+        .await
+        .expect("create")
+        .task;
+    store
+        .spread_broadcast(&r.id, 1, T0 + 1, None)
+        .await
+        .expect("spread");
+    let old = claim(store, "bc-again").await;
+    let cancel = Event::Cancel {
+        reason: "stop".into(),
+    };
+    store
+        .transition(&r.id, &cancel, T0 + 2)
+        .await
+        .expect("cancel");
+    store
+        .transition(&r.id, &Event::Rerun, T0 + 3)
+        .await
+        .expect("rerun");
+    store
+        .spread_broadcast(&r.id, 1, T0 + 4, None)
+        .await
+        .expect("spread again");
+    finish(store, &old[0], true).await;
+    let r_now = store.get_task(&r.id).await.expect("get").expect("there");
+    assert_eq!(
+        r_now.state,
+        TaskState::Running,
+        "an old shard's end is not its end"
+    );
+    let new = claim(store, "bc-again").await;
+    assert_eq!(new.len(), 1);
+    finish(store, &new[0], true).await;
+    let r_now = store.get_task(&r.id).await.expect("get").expect("there");
+    assert_eq!(r_now.state, TaskState::Succeeded);
+
+    // A concurrency key counts the shards, not the running broadcast.
+    let keyed = store
+        .create_task(
+            NewTask {
+                concurrency: Some(taskmesh_core::Concurrency {
+                    key: "bc-key".into(),
+                    limit: 1,
+                }),
+                ..broadcast("bc-keyed")
+            },
+            "fp-k",
+            T0,
+        )
+        .await
+        .expect("create")
+        .task;
+    store
+        .spread_broadcast(&keyed.id, 2, T0 + 1, None)
+        .await
+        .expect("spread");
+    assert_eq!(
+        claim(store, "bc-keyed").await.len(),
+        1,
+        "one shard at a time, not none"
+    );
 }

@@ -6,7 +6,8 @@
 //! differ: `{lock}` (row locks of a read-modify-write), `{skip_locked}`
 //! (claims), `{labels}` / `{template}` (reading a JSON column as text),
 //! `{false}` and `{due_state}` (a SQLite planner hint), `{ready_from}` and
-//! `{ended_from}`, `{ended_workflows_from}` (SQLite and MySQL ones).
+//! `{ended_from}`, `{ended_workflows_from}` (SQLite and MySQL ones),
+//! `{concurrency_from}` (a MySQL one).
 //! Placeholders become `$1, $2, …` where the dialect numbers them.
 //!
 //! Statements with a row count in them (multi-row inserts, `IN` lists) come
@@ -62,6 +63,10 @@ pub struct Dialect {
     /// (every ended task of the namespace), and on few rows MariaDB sorts
     /// by hand instead.
     pub ended_from: &'static str,
+    /// The tasks table of a concurrency key's in-flight count (MySQL names
+    /// `tasks_concurrency`: the count reads a column beyond the index, and
+    /// on few rows MariaDB then prefers the state index).
+    pub concurrency_from: &'static str,
     /// The workflows table of retention's scan of ended workflows, as `w`
     /// (SQLite and MySQL name `workflows_ended`, as for `ended_from`).
     pub ended_workflows_from: &'static str,
@@ -85,6 +90,7 @@ impl Dialect {
             .replace("{due_state}", self.due_state)
             .replace("{ready_from}", self.ready_from)
             .replace("{ended_from}", self.ended_from)
+            .replace("{concurrency_from}", self.concurrency_from)
             .replace("{ended_workflows_from}", self.ended_workflows_from);
         let mut out = String::with_capacity(text.len() + 64);
         let mut n = 0;

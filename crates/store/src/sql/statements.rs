@@ -377,8 +377,12 @@ impl Statements {
                  WHERE namespace = ? AND concurrency_key = ?{skip_locked}"),
             concurrency_key_exists: r("SELECT 1 AS one FROM concurrency_keys \
                  WHERE namespace = ? AND concurrency_key = ?"),
-            in_flight_of_key: r("SELECT COUNT(*) AS n FROM tasks WHERE namespace = ? \
-                 AND concurrency_key = ? AND state IN ('DISPATCHING', 'RUNNING')"),
+            // A spread broadcast is RUNNING but runs nothing: its shards,
+            // which carry its key, are what count.
+            in_flight_of_key: r(
+                "SELECT COUNT(*) AS n FROM {concurrency_from} WHERE namespace = ? \
+                 AND concurrency_key = ? AND state IN ('DISPATCHING', 'RUNNING') AND broadcast = 0",
+            ),
             schedule_exists: r("SELECT 1 AS one FROM schedules WHERE id = ?"),
             delete_fires: r("DELETE FROM schedule_fires WHERE schedule_id = ?"),
             delete_schedule: r("DELETE FROM schedules WHERE id = ?"),

@@ -282,11 +282,14 @@ async fn insert_workflow<B: Backend>(
 
 /// Ends the broadcast whose shards `workflow` holds, once it has ended, in
 /// the transaction that ended it (the caller holds the workflow's row and
-/// has written its last shard's end). The broadcast's row is locked after
-/// the workflow's and its steps' rows, the order every path takes: no
-/// path holding a broadcast's row waits for its shards' workflow (a
-/// broadcast is never a workflow step, and its cancel sweeps the shards in
-/// a transaction of its own).
+/// has written the shard's end that decided it) — if the workflow is the
+/// broadcast's current spread (a broadcast spread again by RetryTask is
+/// ended by its new shards only). The broadcast's row is locked after the
+/// workflow's and its shards' rows; no transaction holds a broadcast's row
+/// while it waits for its shards' rows or workflow: a broadcast is never a
+/// step, none of its events locks a workflow, its cancel sweeps the shards
+/// in a transaction of its own, and the only batch that could hold both
+/// (CancelTasks) leaves out the children of the tasks it cancels.
 async fn end_broadcast<B: Backend>(
     b: &B,
     tx: &mut B::Tx,
@@ -299,6 +302,12 @@ async fn end_broadcast<B: Backend>(
         return Ok(());
     };
     if !broadcast::holds_shards(steps) {
+        return Ok(());
+    }
+    let current = lock_task(b, tx, parent)
+        .await?
+        .is_some_and(|t| t.broadcast && t.times.running == Some(workflow.created_at));
+    if !current {
         return Ok(());
     }
     match transition_one(b, tx, parent, &event, now).await {
