@@ -57,19 +57,51 @@ fn shard_worker(grpc: std::net::SocketAddr, id: &'static str, handlers: &[&str])
     TestWorker::spawn(w)
 }
 
-async fn shards(api: &mut TaskApi, parent: &str) -> Vec<pb::Task> {
-    let mut tasks = api
+/// A node with connected workers of `shard_worker(id, handlers)` each.
+async fn node_with(
+    dir: &std::path::Path,
+    workers: &[(&'static str, &[&str])],
+) -> (taskmesh_cli::node::RunningNode, Vec<TestWorker>) {
+    let node = start_node(node_options(dir)).await;
+    let mut started = Vec::new();
+    for (id, handlers) in workers {
+        let w = shard_worker(node.grpc_addr, id, handlers);
+        assert!(w.handle.wait_connected(LIMIT).await, "worker {id} connects");
+        started.push(w);
+    }
+    (node, started)
+}
+
+/// The tasks `schedule` fired (of `handler`) that are in state `want`.
+async fn fired_in(
+    api: &mut TaskApi,
+    schedule: &str,
+    handler: &str,
+    want: pb::TaskState,
+) -> Vec<pb::Task> {
+    let tasks = api
         .list_tasks(pb::ListTasksRequest {
-            parent_task_id: parent.into(),
+            handler: handler.into(),
+            state: want as i32,
             page_size: 100,
             ..Default::default()
         })
         .await
-        .expect("ListTasks by parent")
+        .expect("ListTasks")
         .into_inner()
         .tasks;
-    tasks.sort_by_key(|t| t.shard_index);
     tasks
+        .into_iter()
+        .filter(|t| t.schedule_id == schedule)
+        .collect()
+}
+
+/// Stops `workers`, then `node`.
+async fn stop_all(node: taskmesh_cli::node::RunningNode, workers: Vec<TestWorker>) {
+    for w in workers {
+        w.stop().await;
+    }
+    stop_node(node).await;
 }
 
 async fn submit_broadcast(api: &mut TaskApi, handler: &str) -> String {
@@ -100,6 +132,19 @@ async fn submit_broadcast_of(api: &mut TaskApi, handler: &str, payload: &[u8]) -
     reply.task_id
 }
 
+/// Waits until `parent` has `n` shards, every one in state `want`.
+async fn shards_in(api: &TaskApi, parent: &str, n: usize, want: pb::TaskState) {
+    wait_for(&format!("{n} shards {want:?}"), LIMIT, || {
+        let mut api = api.clone();
+        let parent = parent.to_string();
+        async move {
+            let s = shards(&mut api, &parent).await;
+            (s.len() == n && s.iter().all(|t| state(t) == want)).then_some(())
+        }
+    })
+    .await;
+}
+
 /// The outputs of `parent`'s shards, each checked SUCCEEDED with one attempt.
 async fn outputs(api: &mut TaskApi, parent: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -115,15 +160,15 @@ async fn outputs(api: &mut TaskApi, parent: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broadcast_runs_once_on_each_worker_over_grpc_and_rest() {
     let dir = tempfile::tempdir().unwrap();
-    let node = start_node(node_options(dir.path())).await;
-    let workers = [
-        shard_worker(node.grpc_addr, "w-a", &["shard"]),
-        shard_worker(node.grpc_addr, "w-b", &["shard"]),
-        shard_worker(node.grpc_addr, "w-c", &["shard"]),
-    ];
-    for w in &workers {
-        assert!(w.handle.wait_connected(LIMIT).await);
-    }
+    let (node, workers) = node_with(
+        dir.path(),
+        &[
+            ("w-a", &["shard"]),
+            ("w-b", &["shard"]),
+            ("w-c", &["shard"]),
+        ],
+    )
+    .await;
     let mut api = api(node.grpc_addr).await;
 
     let parent = submit_broadcast(&mut api, "shard").await;
@@ -217,23 +262,17 @@ async fn a_broadcast_runs_once_on_each_worker_over_grpc_and_rest() {
     assert_eq!(all.len(), 3, "the three broadcasts' workflows only");
 
     joiner.stop().await;
-    for w in workers {
-        w.stop().await;
-    }
-    stop_node(node).await;
+    stop_all(node, workers).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_shard_fails_the_broadcast_and_a_cancel_stops_every_shard() {
     let dir = tempfile::tempdir().unwrap();
-    let node = start_node(node_options(dir.path())).await;
-    let workers = [
-        shard_worker(node.grpc_addr, "h-a", &["hold", "shard"]),
-        shard_worker(node.grpc_addr, "h-b", &["hold", "shard"]),
-    ];
-    for w in &workers {
-        assert!(w.handle.wait_connected(LIMIT).await);
-    }
+    let (node, workers) = node_with(
+        dir.path(),
+        &[("h-a", &["hold", "shard"]), ("h-b", &["hold", "shard"])],
+    )
+    .await;
     let mut api = api(node.grpc_addr).await;
 
     // Shard 0 fails for good: the broadcast FAILED, shard 1 cancelled.
@@ -252,15 +291,7 @@ async fn a_failed_shard_fails_the_broadcast_and_a_cancel_stops_every_shard() {
 
     // Cancelling a running broadcast cancels its shards (each told to stop).
     let held = submit_broadcast(&mut api, "hold").await;
-    wait_for("both shards running", LIMIT, || {
-        let mut api = api.clone();
-        let held = held.clone();
-        async move {
-            let s = shards(&mut api, &held).await;
-            (s.len() == 2 && s.iter().all(|t| state(t) == pb::TaskState::Running)).then_some(())
-        }
-    })
-    .await;
+    shards_in(&api, &held, 2, pb::TaskState::Running).await;
     api.cancel_task(pb::CancelTaskRequest {
         task_id: held.clone(),
         reason: "enough".into(),
@@ -270,21 +301,8 @@ async fn a_failed_shard_fails_the_broadcast_and_a_cancel_stops_every_shard() {
     .expect("cancel the broadcast");
     let cancelled = wait_task_state(&api, &held, pb::TaskState::Cancelled, LIMIT).await;
     assert!(cancelled.broadcast);
-    wait_for("every shard ended", LIMIT, || {
-        let mut api = api.clone();
-        let held = held.clone();
-        async move {
-            let s = shards(&mut api, &held).await;
-            s.iter()
-                .all(|t| state(t) == pb::TaskState::Cancelled)
-                .then_some(())
-        }
-    })
-    .await;
-    for w in workers {
-        w.stop().await;
-    }
-    stop_node(node).await;
+    shards_in(&api, &held, 2, pb::TaskState::Cancelled).await;
+    stop_all(node, workers).await;
 }
 
 /// A schedule whose template is a broadcast: every fire runs on both
@@ -292,14 +310,7 @@ async fn a_failed_shard_fails_the_broadcast_and_a_cancel_stops_every_shard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_broadcast_runs_on_every_worker_at_each_fire() {
     let dir = tempfile::tempdir().unwrap();
-    let node = start_node(node_options(dir.path())).await;
-    let workers = [
-        shard_worker(node.grpc_addr, "s-a", &["shard"]),
-        shard_worker(node.grpc_addr, "s-b", &["shard"]),
-    ];
-    for w in &workers {
-        assert!(w.handle.wait_connected(LIMIT).await);
-    }
+    let (node, workers) = node_with(dir.path(), &[("s-a", &["shard"]), ("s-b", &["shard"])]).await;
     let mut api = api(node.grpc_addr).await;
     let mut def = taskmesh_testkit::schedule::every_second("shard");
     def.template.as_mut().unwrap().broadcast = true;
@@ -320,21 +331,7 @@ async fn a_scheduled_broadcast_runs_on_every_worker_at_each_fire() {
         let mut api = api.clone();
         let schedule = schedule.clone();
         async move {
-            let tasks = api
-                .list_tasks(pb::ListTasksRequest {
-                    handler: "shard".into(),
-                    state: pb::TaskState::Succeeded as i32,
-                    page_size: 100,
-                    ..Default::default()
-                })
-                .await
-                .expect("ListTasks")
-                .into_inner()
-                .tasks;
-            let fired: Vec<pb::Task> = tasks
-                .into_iter()
-                .filter(|t| t.schedule_id == schedule)
-                .collect();
+            let fired = fired_in(&mut api, &schedule, "shard", pb::TaskState::Succeeded).await;
             (fired.len() >= 2).then_some(fired)
         }
     })
@@ -347,10 +344,7 @@ async fn a_scheduled_broadcast_runs_on_every_worker_at_each_fire() {
         assert_eq!(out.len(), 2, "{out:?}");
         assert_eq!(on.len(), 2, "each fire ran on both workers: {out:?}");
     }
-    for w in workers {
-        w.stop().await;
-    }
-    stop_node(node).await;
+    stop_all(node, workers).await;
 }
 
 /// The bulk CancelTasks matching a broadcast and its shards cancels the
@@ -360,26 +354,11 @@ async fn a_scheduled_broadcast_runs_on_every_worker_at_each_fire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_and_overlap_cancels_reach_the_shards() {
     let dir = tempfile::tempdir().unwrap();
-    let node = start_node(node_options(dir.path())).await;
-    let workers = [
-        shard_worker(node.grpc_addr, "c-a", &["hold"]),
-        shard_worker(node.grpc_addr, "c-b", &["hold"]),
-    ];
-    for w in &workers {
-        assert!(w.handle.wait_connected(LIMIT).await);
-    }
+    let (node, workers) = node_with(dir.path(), &[("c-a", &["hold"]), ("c-b", &["hold"])]).await;
     let mut api = api(node.grpc_addr).await;
 
     let held = submit_broadcast(&mut api, "hold").await;
-    wait_for("both shards running", LIMIT, || {
-        let mut api = api.clone();
-        let held = held.clone();
-        async move {
-            let s = shards(&mut api, &held).await;
-            (s.len() == 2 && s.iter().all(|t| state(t) == pb::TaskState::Running)).then_some(())
-        }
-    })
-    .await;
+    shards_in(&api, &held, 2, pb::TaskState::Running).await;
     let answer = api
         .cancel_tasks(pb::CancelTasksRequest {
             handler: "hold".into(),
@@ -390,17 +369,7 @@ async fn bulk_and_overlap_cancels_reach_the_shards() {
         .into_inner();
     assert_eq!((answer.matched, answer.cancelled), (3, 1), "{answer:?}");
     assert_eq!(state(&get(&mut api, &held).await), pb::TaskState::Cancelled);
-    wait_for("both shards cancelled", LIMIT, || {
-        let mut api = api.clone();
-        let held = held.clone();
-        async move {
-            let s = shards(&mut api, &held).await;
-            s.iter()
-                .all(|t| state(t) == pb::TaskState::Cancelled)
-                .then_some(())
-        }
-    })
-    .await;
+    shards_in(&api, &held, 2, pb::TaskState::Cancelled).await;
 
     let big = api
         .submit_task(pb::SubmitTaskRequest {
@@ -425,20 +394,8 @@ async fn bulk_and_overlap_cancels_reach_the_shards() {
         let mut api = api.clone();
         let schedule = schedule.clone();
         async move {
-            let tasks = api
-                .list_tasks(pb::ListTasksRequest {
-                    handler: "hold".into(),
-                    state: pb::TaskState::Cancelled as i32,
-                    page_size: 100,
-                    ..Default::default()
-                })
-                .await
-                .expect("ListTasks")
-                .into_inner()
-                .tasks;
-            tasks
-                .into_iter()
-                .find(|t| t.schedule_id == schedule && t.broadcast)
+            let fired = fired_in(&mut api, &schedule, "hold", pb::TaskState::Cancelled).await;
+            fired.into_iter().find(|t| t.broadcast)
         }
     })
     .await;
@@ -459,8 +416,5 @@ async fn bulk_and_overlap_cancels_reach_the_shards() {
     })
     .await
     .expect("CancelTasks");
-    for w in workers {
-        w.stop().await;
-    }
-    stop_node(node).await;
+    stop_all(node, workers).await;
 }

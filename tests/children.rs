@@ -98,28 +98,6 @@ fn map_reduce_worker(opts: WorkerOptions) -> Worker {
         .handler("sum", sum)
 }
 
-async fn list_children(api: &mut TaskApi, parent: &str) -> Vec<pb::Task> {
-    let mut out = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let page = api
-            .list_tasks(pb::ListTasksRequest {
-                parent_task_id: parent.into(),
-                page_size: 1000,
-                page_token: page_token.clone(),
-                ..Default::default()
-            })
-            .await
-            .expect("ListTasks by parent")
-            .into_inner();
-        out.extend(page.tasks);
-        if page.next_page_token.is_empty() {
-            return out;
-        }
-        page_token = page.next_page_token;
-    }
-}
-
 type TaskApi = taskmesh::v1::task_api_client::TaskApiClient<tonic::transport::Channel>;
 
 #[tokio::test]
@@ -175,11 +153,11 @@ async fn a_handler_fans_out_100_children_and_the_join_sees_every_output() {
 
     // Every child (and the join) is listed under the parent, over gRPC
     // and over REST; the parent's own listing is untouched.
-    let children = list_children(&mut api, &parent).await;
-    assert_eq!(children.len() as u64, CHILDREN + 1);
-    assert!(children.iter().all(|t| t.parent_task_id == parent));
+    let listed = children(&mut api, &parent).await;
+    assert_eq!(listed.len() as u64, CHILDREN + 1);
+    assert!(listed.iter().all(|t| t.parent_task_id == parent));
     assert!(
-        children.windows(2).all(|w| w[0].task_id > w[1].task_id),
+        listed.windows(2).all(|w| w[0].task_id > w[1].task_id),
         "newest first"
     );
     let rest = Rest::new(node.http_addr);
@@ -251,19 +229,7 @@ async fn cancelling_a_parent_cancels_its_children_and_refuses_new_ones() {
     let rest = Rest::new(node.http_addr);
 
     let parent = submit(&mut api, "spawn", b"{}").await;
-    let running = wait_for("5 children running", LIMIT, || {
-        let mut api = api.clone();
-        let parent = parent.clone();
-        async move {
-            let c = list_children(&mut api, &parent).await;
-            let n = c
-                .iter()
-                .filter(|t| t.state == pb::TaskState::Running as i32)
-                .count();
-            (n == 5).then_some(c)
-        }
-    })
-    .await;
+    let running = five_running(&api, &parent).await;
     let workflow_id = running
         .iter()
         .find(|t| !t.workflow_id.is_empty())
@@ -279,18 +245,7 @@ async fn cancelling_a_parent_cancels_its_children_and_refuses_new_ones() {
         .await;
     assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json);
     assert_eq!(reply.json["task"]["state"], "TASK_STATE_CANCELLED");
-    let ended = wait_for("every child cancelled", LIMIT, || {
-        let mut api = api.clone();
-        let parent = parent.clone();
-        async move {
-            let c = list_children(&mut api, &parent).await;
-            c.iter()
-                .all(|t| t.state == pb::TaskState::Cancelled as i32)
-                .then_some(c)
-        }
-    })
-    .await;
-    assert_eq!(ended.len(), 5);
+    all_cancelled(&api, &parent).await;
     let workflow = rest
         .call(Method::GET, &format!("/api/workflows/{workflow_id}"), None)
         .await;
@@ -347,7 +302,7 @@ async fn cancelling_a_parent_cancels_its_children_and_refuses_new_ones() {
         .await
         .unwrap_err();
     assert_eq!(malformed.code(), tonic::Code::InvalidArgument);
-    assert_eq!(list_children(&mut api, &parent).await.len(), 5);
+    assert_eq!(children(&mut api, &parent).await.len(), 5);
     let all = api
         .list_tasks(pb::ListTasksRequest {
             page_size: 1000,
@@ -393,21 +348,21 @@ async fn cancelling_a_parent_cancels_its_children_and_refuses_new_ones() {
     worker.stop().await;
 }
 
-/// Waits until `parent` has 5 children RUNNING (`spawn`'s work).
-async fn five_running(api: &TaskApi, parent: &str) {
+/// Waits until `parent` has 5 children RUNNING (`spawn`'s work); them.
+async fn five_running(api: &TaskApi, parent: &str) -> Vec<pb::Task> {
     wait_for("5 children running", LIMIT, || {
         let mut api = api.clone();
         let parent = parent.to_string();
         async move {
-            let c = list_children(&mut api, &parent).await;
+            let c = children(&mut api, &parent).await;
             let n = c
                 .iter()
                 .filter(|t| t.state == pb::TaskState::Running as i32)
                 .count();
-            (n == 5).then_some(())
+            (n == 5).then_some(c)
         }
     })
-    .await;
+    .await
 }
 
 /// Waits until every child of `parent` (5) is CANCELLED.
@@ -416,7 +371,7 @@ async fn all_cancelled(api: &TaskApi, parent: &str) {
         let mut api = api.clone();
         let parent = parent.to_string();
         async move {
-            let c = list_children(&mut api, &parent).await;
+            let c = children(&mut api, &parent).await;
             (c.len() == 5 && c.iter().all(|t| t.state == pb::TaskState::Cancelled as i32))
                 .then_some(())
         }

@@ -164,22 +164,6 @@ async fn tasks_of_a_killed_push_worker_process_finish_elsewhere() {
     stop_node(node).await;
 }
 
-/// The children of `parent` (a broadcast's shards), by shard index.
-async fn shards(api: &mut TaskApiClient<Channel>, parent: &str) -> Vec<pb::Task> {
-    let mut tasks = api
-        .list_tasks(pb::ListTasksRequest {
-            parent_task_id: parent.into(),
-            page_size: 100,
-            ..Default::default()
-        })
-        .await
-        .expect("ListTasks by parent")
-        .into_inner()
-        .tasks;
-    tasks.sort_by_key(|t| t.shard_index);
-    tasks
-}
-
 /// A broadcast over 3 `taskmesh worker` processes: shards 0, 1 and 2 run
 /// one on each; the worker running shard 1 is killed (SIGKILL) mid-shard,
 /// and that shard runs again with the same index on a worker that had

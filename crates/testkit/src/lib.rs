@@ -55,7 +55,9 @@ pub fn retry_after_ms(status: &tonic::Status) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-pub use node::{api, channel, get, node_options, start_node, state, stop_node, submit};
+pub use node::{
+    api, channel, children, get, node_options, shards, start_node, state, stop_node, submit,
+};
 pub use process::{Child, free_port, now_ms};
 pub use raw::RawWorker;
 pub use workers::{Ledger, TestWorker, counting_push_worker, counting_worker};

@@ -91,6 +91,37 @@ pub async fn get(api: &mut TaskApiClient<Channel>, id: &str) -> pb::Task {
     .expect("task")
 }
 
+/// Every child of task `parent` (ListTasks by parent, all pages), newest
+/// first.
+pub async fn children(api: &mut TaskApiClient<Channel>, parent: &str) -> Vec<pb::Task> {
+    let mut out = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = api
+            .list_tasks(pb::ListTasksRequest {
+                parent_task_id: parent.into(),
+                page_size: 1000,
+                page_token: page_token.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("ListTasks by parent")
+            .into_inner();
+        out.extend(page.tasks);
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+/// The shards of broadcast `parent` (its children), by shard index.
+pub async fn shards(api: &mut TaskApiClient<Channel>, parent: &str) -> Vec<pb::Task> {
+    let mut tasks = children(api, parent).await;
+    tasks.sort_by_key(|t| t.shard_index);
+    tasks
+}
+
 /// The state of a task.
 pub fn state(t: &pb::Task) -> pb::TaskState {
     pb::TaskState::try_from(t.state).unwrap_or(pb::TaskState::Unspecified)
