@@ -59,6 +59,11 @@ fn state_to_pb(s: WorkflowState) -> pb::WorkflowState {
     }
 }
 
+/// A workflow's steps' outputs are included in a message until they total
+/// this much, so it stays within the 4 MiB message limit (names, errors
+/// and the rest of up to the step limit's steps fit in what is left).
+pub(crate) const OUTPUTS_BUDGET: usize = 3 * 1024 * 1024;
+
 fn step_to_pb(t: &TaskRecord) -> pb::WorkflowStep {
     let link = t.workflow.as_ref();
     pb::WorkflowStep {
@@ -75,11 +80,35 @@ fn step_to_pb(t: &TaskRecord) -> pb::WorkflowStep {
         error_message: t.error_message.clone(),
         ended_at: t.times.end.map(timestamp),
         on_failure: link.is_some_and(|w| w.on_failure),
+        output_omitted: false,
     }
 }
 
-/// The wire form of a workflow (with its steps, if they were read).
+/// The wire form of a workflow (with its steps, if they were read): the
+/// steps' outputs in order while they total at most [`OUTPUTS_BUDGET`],
+/// the others left out and marked.
 pub(crate) fn to_pb(w: &WorkflowRecord) -> pb::Workflow {
+    let mut room = OUTPUTS_BUDGET;
+    let mut omitted = 0u32;
+    let steps = w
+        .steps
+        .iter()
+        .map(|t| {
+            let mut step = step_to_pb(t);
+            if let Some(out) = &step.output {
+                let size = out.data.len() + out.content_type.len();
+                match room.checked_sub(size) {
+                    Some(left) => room = left,
+                    None => {
+                        step.output = None;
+                        step.output_omitted = true;
+                        omitted += 1;
+                    }
+                }
+            }
+            step
+        })
+        .collect();
     pb::Workflow {
         workflow_id: w.id.clone(),
         namespace: w.namespace.clone(),
@@ -87,7 +116,8 @@ pub(crate) fn to_pb(w: &WorkflowRecord) -> pb::Workflow {
         failure_policy: policy_to_pb(w.failure_policy) as i32,
         message: w.message.clone(),
         step_count: w.step_count,
-        steps: w.steps.iter().map(step_to_pb).collect(),
+        steps,
+        outputs_omitted: omitted,
         client_request_id: w.client_request_id.clone().unwrap_or_default(),
         created_at: Some(timestamp(w.created_at)),
         ended_at: w.ended_at.map(timestamp),
@@ -404,4 +434,70 @@ pub(crate) async fn watch(
         }
     });
     Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+    use taskmesh_core::TaskState;
+    use taskmesh_core::workflow::{FailurePolicy, StepLink, WorkflowRecord, WorkflowState};
+
+    use super::*;
+
+    /// Ten steps of 1 MiB outputs: the first two are in the message, the
+    /// other eight are left out and marked, and the message fits in 4 MiB.
+    #[test]
+    fn outputs_past_the_budget_are_left_out_and_the_message_fits() {
+        let steps: Vec<TaskRecord> = (0..10)
+            .map(|i| {
+                let mut t = NewTask {
+                    workflow: Some(StepLink {
+                        workflow_id: "w".into(),
+                        step: format!("s{i}"),
+                        depends_on: Vec::new(),
+                        on_failure: false,
+                        parent_outputs: Vec::new(),
+                    }),
+                    ..NewTask::new("echo", 0)
+                }
+                .into_record(0);
+                t.state = TaskState::Succeeded;
+                t.output = Some(vec![b'x'; 1 << 20]);
+                t.output_content_type = "application/octet-stream".into();
+                t
+            })
+            .collect();
+        let w = WorkflowRecord {
+            id: "w".into(),
+            namespace: "default".into(),
+            client_request_id: None,
+            failure_policy: FailurePolicy::CancelRemaining,
+            state: WorkflowState::Succeeded,
+            message: String::new(),
+            step_count: 10,
+            created_at: 0,
+            updated_at: 0,
+            ended_at: Some(1),
+            parent_task_id: None,
+            steps,
+        };
+        let wire = to_pb(&w);
+        assert_eq!(wire.outputs_omitted, 8);
+        let kept: Vec<bool> = wire.steps.iter().map(|s| s.output.is_some()).collect();
+        assert_eq!(
+            kept,
+            [
+                true, true, false, false, false, false, false, false, false, false
+            ]
+        );
+        assert!(wire.steps[2..].iter().all(|s| s.output_omitted));
+        let response = pb::GetWorkflowResponse {
+            workflow: Some(wire),
+        };
+        assert!(
+            response.encoded_len() < 4 << 20,
+            "{}",
+            response.encoded_len()
+        );
+    }
 }
