@@ -176,11 +176,11 @@ impl<'a> Schemas<'a> {
             }
             // Sent as strings; read as strings or numbers (the JSON mapping).
             Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => json!({"anyOf": [
-                {"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$"},
+                {"type": "string", "format": "int64", "pattern": format!("^-?({})$", up_to(&i64::MAX.to_string()))},
                 {"type": "integer", "minimum": -9_007_199_254_740_991_i64, "maximum": 9_007_199_254_740_991_i64},
             ]}),
             Kind::Uint64 | Kind::Fixed64 => json!({"anyOf": [
-                {"type": "string", "format": "uint64", "pattern": "^[0-9]{1,20}$"},
+                {"type": "string", "format": "uint64", "pattern": format!("^({})$", up_to(&u64::MAX.to_string()))},
                 {"type": "integer", "minimum": 0, "maximum": 9_007_199_254_740_991_i64},
             ]}),
             Kind::Bool => json!({"type": "boolean"}),
@@ -279,9 +279,68 @@ pub fn describe(schema: Value, text: Option<&str>) -> Value {
     schema
 }
 
+/// A regular expression (alternatives, no anchors) for the decimal numbers
+/// from 0 to `max` (its decimal digits): every shorter number, then each
+/// number of `max`'s length that is below it at its first differing digit,
+/// then `max`. So a 64-bit field's string form is exactly its range: a
+/// pattern of "up to 20 digits" let clients (and schemathesis) send
+/// numbers the server must refuse as out of range.
+pub(crate) fn up_to(max: &str) -> String {
+    let digits = max.as_bytes();
+    let n = digits.len();
+    let mut alts = Vec::with_capacity(n + 2);
+    if n > 1 {
+        alts.push(format!("[0-9]{{1,{}}}", n - 1));
+    }
+    for (i, &d) in digits.iter().enumerate() {
+        let d = d - b'0';
+        // A number of n > 1 digits does not start with 0.
+        let lo = u8::from(i == 0 && n > 1);
+        if d > lo {
+            let rest = n - i - 1;
+            let tail = if rest > 0 {
+                format!("[0-9]{{{rest}}}")
+            } else {
+                String::new()
+            };
+            alts.push(format!("{}[{lo}-{}]{tail}", &max[..i], d - 1));
+        }
+    }
+    alts.push(max.to_string());
+    alts.join("|")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn up_to_spells_the_range_exactly() {
+        let matches = |max: &str, x: &str| {
+            regex::Regex::new(&format!("^({})$", up_to(max)))
+                .unwrap()
+                .is_match(x)
+        };
+        for max in [7u64, 10, 99, 100, 305, 1000, 2019] {
+            for x in 0..=3000u64 {
+                assert_eq!(
+                    matches(&max.to_string(), &x.to_string()),
+                    x <= max,
+                    "{x} against up to {max}: {}",
+                    up_to(&max.to_string())
+                );
+            }
+        }
+        let u = u64::MAX.to_string();
+        assert!(matches(&u, "18446744073709551615"));
+        assert!(matches(&u, "9999999999999999999"));
+        assert!(!matches(&u, "18446744073709551616"));
+        assert!(!matches(&u, "86327510643149304510"), "schemathesis's find");
+        let i = i64::MAX.to_string();
+        assert!(matches(&i, "9223372036854775807"));
+        assert!(!matches(&i, "9223372036854775808"));
+        assert!(!matches(&i, "9999999999999999999"));
+    }
 
     #[test]
     fn comments_become_paragraphs() {
