@@ -7,7 +7,7 @@ use taskmesh::v1 as pb;
 use taskmesh_core::callback::CallbackState;
 use taskmesh_core::{Event, TaskRecord, TaskState, UnixMillis, validate};
 use taskmesh_store::TaskFilter;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::auth::Identity;
 use crate::convert::{millis_of, state_from_pb, state_to_pb, timestamp};
@@ -201,7 +201,10 @@ pub(crate) async fn cancel_matching(
     // parent's first, and the end of a broadcast's last shard locks the
     // shard before the broadcast (deadlock on Postgres and MySQL).
     let ids: std::collections::HashSet<String> = found.iter().map(|t| t.id.clone()).collect();
-    found.retain(|t| t.parent_task_id.as_ref().is_none_or(|p| !ids.contains(p)));
+    let (with_parent, alone): (Vec<TaskRecord>, Vec<TaskRecord>) = found
+        .into_iter()
+        .partition(|t| t.parent_task_id.as_ref().is_some_and(|p| ids.contains(p)));
+    let found = alone;
     if req.dry_run {
         return Ok(pb::CancelTasksResponse {
             matched,
@@ -218,7 +221,7 @@ pub(crate) async fn cancel_matching(
     let event = Event::Cancel {
         reason: reason.clone(),
     };
-    let mut cancelled = 0;
+    let mut cancelled = 0u32;
     let mut parents = Vec::new();
     for chunk in found.chunks(CANCEL_CHUNK) {
         let events: Vec<(String, Event)> = chunk
@@ -241,10 +244,29 @@ pub(crate) async fn cancel_matching(
         }
     }
     // Their children (a broadcast's shards, a handler's fan-out) go with
-    // them, as with CancelTask: one indexed read per task cancelled.
+    // them, as with CancelTask: one indexed read per task cancelled. Every
+    // parent is swept even when one sweep fails (its parent is CANCELLED
+    // and no longer matches: a second call could not resume it).
     for parent in &parents {
-        crate::children::cancel_children(shared, namespace, parent, "parent task cancelled")
-            .await?;
+        if let Err(err) =
+            crate::children::cancel_children(shared, namespace, parent, "parent task cancelled")
+                .await
+        {
+            warn!(task_id = %parent, error = %err, "the children of a task cancelled by filter were not all cancelled; CancelTask on it sweeps them again");
+        }
+    }
+    // The matched children left to their parent's sweep: counted when it
+    // cancelled them, cancelled here when it did not (the parent had
+    // ended meanwhile, or its sweep failed).
+    for child in &with_parent {
+        let now = match shared.store.get_task(&child.id).await? {
+            Some(t) if t.state.is_terminal() => t,
+            Some(t) => cancel_one(shared, &t, &reason).await?,
+            None => continue,
+        };
+        // It was live when matched: CANCELLED now is this call's doing
+        // (or a concurrent cancel's, as for the tasks above).
+        cancelled += u32::from(now.state == TaskState::Cancelled);
     }
     shared.wake.notify_one();
     info!(namespace = %namespace, matched, cancelled, "tasks cancelled by filter");

@@ -444,8 +444,8 @@ impl Registry {
         // one shard; with none free the shard waits for the next (a
         // sibling's end frees one).
         let broadcast = task.shard.and(task.parent_task_id.as_ref());
-        let avoid: Vec<Arc<str>> = match broadcast {
-            None => Vec::new(),
+        let avoid: HashSet<Arc<str>> = match broadcast {
+            None => HashSet::new(),
             Some(parent) => {
                 let busy: HashSet<&str> = inner
                     .shards

@@ -84,26 +84,45 @@ fn step_to_pb(t: &TaskRecord) -> pb::WorkflowStep {
     }
 }
 
+/// A step's error past [`OUTPUTS_BUDGET`] is cut to this many bytes.
+const CUT_ERROR_BYTES: usize = 256;
+
 /// The wire form of a workflow (with its steps, if they were read): the
-/// steps' outputs in order while they total at most [`OUTPUTS_BUDGET`],
-/// the others left out and marked.
+/// steps' outputs and errors in step order while they total at most
+/// [`OUTPUTS_BUDGET`]; from the first step that does not fit on, outputs
+/// are left out (and marked) and errors cut to [`CUT_ERROR_BYTES`].
 pub(crate) fn to_pb(w: &WorkflowRecord) -> pb::Workflow {
     let mut room = OUTPUTS_BUDGET;
+    let mut full = false;
     let mut omitted = 0u32;
     let steps = w
         .steps
         .iter()
         .map(|t| {
             let mut step = step_to_pb(t);
-            if let Some(out) = &step.output {
-                let size = out.data.len() + out.content_type.len();
+            let size = step
+                .output
+                .as_ref()
+                .map_or(0, |o| o.data.len() + o.content_type.len())
+                + step.error_message.len();
+            if !full {
                 match room.checked_sub(size) {
                     Some(left) => room = left,
-                    None => {
-                        step.output = None;
-                        step.output_omitted = true;
-                        omitted += 1;
+                    None => full = true,
+                }
+            }
+            if full {
+                if step.output.take().is_some() {
+                    step.output_omitted = true;
+                    omitted += 1;
+                }
+                if step.error_message.len() > CUT_ERROR_BYTES {
+                    let mut end = CUT_ERROR_BYTES;
+                    while !step.error_message.is_char_boundary(end) {
+                        end -= 1;
                     }
+                    step.error_message.truncate(end);
+                    step.error_message.push('…');
                 }
             }
             step
@@ -330,9 +349,16 @@ pub(crate) async fn cancel(
         shared.take_back_attempt(&task.id, execution_id, &reason);
     }
     // The children its steps spawned (a step's fan-out, ended or not) are
-    // the workflow's work too: cancelled as CancelTask cancels a parent's.
+    // the workflow's work too: cancelled as CancelTask cancels a parent's,
+    // also when the workflow had ended (a second call finishes a sweep cut
+    // short). One indexed read per step; a failed sweep does not stop the
+    // others.
     for step in &workflow.steps {
-        children::cancel_children(shared, namespace, &step.id, "workflow cancelled").await?;
+        if let Err(err) =
+            children::cancel_children(shared, namespace, &step.id, "workflow cancelled").await
+        {
+            tracing::warn!(workflow_id = %id, task_id = %step.id, error = %err, "the children of a cancelled workflow's step were not all cancelled; CancelWorkflow again sweeps them");
+        }
     }
     if !stopped.is_empty() {
         shared.wake.notify_one();
@@ -491,6 +517,29 @@ mod tests {
             ]
         );
         assert!(wire.steps[2..].iter().all(|s| s.output_omitted));
+        let response = pb::GetWorkflowResponse {
+            workflow: Some(wire),
+        };
+        assert!(
+            response.encoded_len() < 4 << 20,
+            "{}",
+            response.encoded_len()
+        );
+
+        // Errors count too: past the budget a step's error is cut.
+        let mut failing = w.clone();
+        for t in &mut failing.steps[5..] {
+            t.state = TaskState::Failed;
+            t.output = None;
+            t.error_message = "é".repeat(1 << 19);
+        }
+        let wire = to_pb(&failing);
+        assert_eq!(wire.outputs_omitted, 3, "steps 2-4 lose their outputs");
+        assert!(
+            wire.steps[5..]
+                .iter()
+                .all(|s| s.error_message.len() <= CUT_ERROR_BYTES + 3)
+        );
         let response = pb::GetWorkflowResponse {
             workflow: Some(wire),
         };

@@ -4,7 +4,9 @@
 //! worker, or while the registry may still be refilling after
 //! coordination failed, the broadcast waits a second
 //! ([`RETRY_SPREAD_MS`]) and is looked at again: it runs on the workers
-//! there are, never on none.
+//! there are, never on none. A spread the store refuses for any other
+//! reason than the database being busy or away ends the broadcast
+//! CANCELLED, saying why, rather than trying again for ever.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
@@ -21,21 +23,32 @@ impl Scheduler {
     /// Cancels the shards of broadcast `task`, cancelled by its schedule's
     /// overlap policy (CANCEL_PREVIOUS), and has their workers told. A
     /// failure is logged: the shards then run to their end, which no
-    /// longer ends the cancelled broadcast.
+    /// longer ends the cancelled broadcast (CancelTask on it sweeps them).
+    /// Children a shard's handler submitted are not swept here (the
+    /// dispatcher's sweep, which CancelTask runs, goes that deep).
     pub(crate) async fn cancel_shards(&self, task: &TaskRecord) {
-        let filter = taskmesh_store::TaskFilter {
+        let mut filter = taskmesh_store::TaskFilter {
             namespace: Some(task.namespace.clone()),
             parent_task_id: Some(task.id.clone()),
             limit: 1_000,
             ..Default::default()
         };
-        let shards = match self.store.list_tasks(&filter).await {
-            Ok(page) => page.tasks,
-            Err(err) => {
-                warn!(task_id = %task.id, error = %err, "the shards of a cancelled broadcast could not be listed");
-                return;
+        let mut shards = Vec::new();
+        loop {
+            match self.store.list_tasks(&filter).await {
+                Ok(page) => {
+                    shards.extend(page.tasks);
+                    match page.next_before_id {
+                        Some(next) => filter.before_id = Some(next),
+                        None => break,
+                    }
+                }
+                Err(err) => {
+                    warn!(task_id = %task.id, error = %err, "the shards of a cancelled broadcast could not be listed");
+                    return;
+                }
             }
-        };
+        }
         let workflows: BTreeSet<String> = shards
             .iter()
             .filter(|s| s.shard.is_some() && !s.state.is_terminal())
@@ -130,13 +143,29 @@ impl Scheduler {
                 Err(taskmesh_store::Error::Transition(_) | taskmesh_store::Error::NotFound(_)) => {
                     debug!(task_id = %task.id, "broadcast moved on before its spread");
                 }
-                // Looked at again a second later, not at every round.
-                Err(err) => {
+                // The database busy or away: looked at again a second
+                // later (from now, not the round's start), not every round.
+                Err(
+                    err @ (taskmesh_store::Error::Unavailable(_)
+                    | taskmesh_store::Error::Conflict(_)
+                    | taskmesh_store::Error::StorageFull(_)),
+                ) => {
                     warn!(task_id = %task.id, error = %err, "broadcast not spread; trying again in a second");
                     deferred.push((
                         task.id.clone(),
                         Event::Defer {
-                            until: now + RETRY_SPREAD_MS,
+                            until: self.clock.now_millis() + RETRY_SPREAD_MS,
+                        },
+                    ));
+                }
+                // A spread the store refuses would be refused again: the
+                // broadcast ends CANCELLED saying why, not retried for ever.
+                Err(err) => {
+                    warn!(task_id = %task.id, error = %err, "broadcast cannot be spread; cancelling it");
+                    deferred.push((
+                        task.id.clone(),
+                        Event::Cancel {
+                            reason: format!("the broadcast could not be spread: {err}"),
                         },
                     ));
                 }
@@ -152,7 +181,9 @@ impl Scheduler {
             .map_err(crate::leader_write_error("defer_broadcast", fence))?;
         for ((task_id, _), r) in deferred.iter().zip(results) {
             match r {
-                Ok(_) => debug!(task_id = %task_id, "no worker serves the broadcast's handler yet"),
+                Ok(t) => {
+                    debug!(task_id = %task_id, state = %t.state, "broadcast deferred or ended unspread")
+                }
                 Err(err) => debug!(task_id = %task_id, error = %err, "broadcast moved on"),
             }
         }

@@ -5,7 +5,7 @@
 //! Invariant: `members` and `candidates` are parallel and sorted by `seq`;
 //! `epoch` changes whenever a stream joins or leaves.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use crate::balancer::{Candidate, Pick, Strategy, StrategySet};
@@ -83,7 +83,7 @@ impl Pool {
         &mut self,
         strategy: Strategy,
         labels: &BTreeMap<String, String>,
-        avoid: &[Arc<str>],
+        avoid: &HashSet<Arc<str>>,
         key: u64,
     ) -> Option<usize> {
         let mask: Option<Vec<bool>> = (!labels.is_empty() || !avoid.is_empty()).then(|| {
