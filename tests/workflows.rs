@@ -484,3 +484,144 @@ async fn the_on_failure_step_runs_after_a_failure_with_its_error() {
     raw.close().await;
     stop_node(node).await;
 }
+
+/// A schedule whose template is a workflow: each fire creates the
+/// workflow's run (a task with runsWorkflow and handler "workflow"), the
+/// leader starts the diamond under it, its last step sees its parents'
+/// outputs, and the run ends as the workflow does. RetryWorkflow of a
+/// run's workflow is refused (RetryTask on the run starts it again), and
+/// cancelling a run reaches its running step. A definition with both a
+/// template and a workflow, or with a cycle, is refused.
+#[tokio::test]
+async fn a_schedule_starts_a_workflow_at_each_fire() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let rest = Rest::new(node.http_addr);
+    let mut raw = RawWorker::connect(node.grpc_addr, "w-sched", &["sdag"], 4).await;
+    let diamond = json!({"steps": [
+        step("a", &[], "sdag"),
+        step("b", &["a"], "sdag"),
+        step("c", &["a"], "sdag"),
+        step("d", &["b", "c"], "sdag"),
+    ]});
+    for (body, text) in [
+        (
+            json!({"kind": "SCHEDULE_KIND_FIXED_RATE", "interval": "1s",
+                   "template": {"handler": "sdag"}, "workflow": diamond}),
+            "exactly one",
+        ),
+        (
+            json!({"kind": "SCHEDULE_KIND_FIXED_RATE", "interval": "1s",
+                   "workflow": {"steps": [step("a", &["b"], "x"), step("b", &["a"], "x")]}}),
+            "cycle",
+        ),
+    ] {
+        let reply = rest.call(Method::POST, "/api/schedules", Some(body)).await;
+        assert_error(&reply, 400, 3, text);
+    }
+    let reply = rest
+        .call(
+            Method::POST,
+            "/api/schedules",
+            Some(json!({"kind": "SCHEDULE_KIND_FIXED_RATE", "interval": "1s",
+                        "overlapPolicy": "OVERLAP_POLICY_SKIP", "workflow": diamond})),
+        )
+        .await;
+    assert!(reply.status.is_success(), "{:?}", reply.json);
+    let schedule = reply.json["schedule"].clone();
+    let schedule_id = schedule["scheduleId"].as_str().unwrap().to_string();
+    assert!(
+        schedule.get("template").is_none_or(Value::is_null),
+        "{schedule:#}"
+    );
+    assert_eq!(
+        schedule["workflow"]["steps"][3]["dependsOn"],
+        json!(["b", "c"])
+    );
+
+    // The first fire's run: its steps arrive as a workflow's.
+    let a = next_steps(&mut raw, 1).await;
+    assert_eq!(a[0].workflow_step, "a");
+    let run_id = rest.task(&a[0].task_id).await["parentTaskId"]
+        .as_str()
+        .expect("a step of the run")
+        .to_string();
+    let workflow_id = a[0].workflow_id.clone();
+    // A fire while the run runs is skipped (overlap SKIP): steps come from
+    // this run only.
+    finish(&raw, &a[0], Some("A")).await;
+    let bc = next_steps(&mut raw, 2).await;
+    assert!(bc.iter().all(|s| s.workflow_id == workflow_id));
+    finish(&raw, &bc[0], Some("B")).await;
+    finish(&raw, &bc[1], Some("C")).await;
+    let d = next_steps(&mut raw, 1).await;
+    assert_eq!(
+        (d[0].workflow_step.as_str(), d[0].workflow_id.as_str()),
+        ("d", workflow_id.as_str())
+    );
+    assert_eq!(d[0].parent_outputs["b"].data, b"B");
+    assert_eq!(d[0].parent_outputs["c"].data, b"C");
+    // Pause before the run ends, so no further fire starts a workflow.
+    let paused = rest
+        .call(
+            Method::POST,
+            &format!("/api/schedules/{schedule_id}/pause"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(paused.status, StatusCode::OK, "{:?}", paused.json);
+    finish(&raw, &d[0], Some("D")).await;
+    let run = rest
+        .wait_state(&run_id, "TASK_STATE_SUCCEEDED", LIMIT)
+        .await;
+    assert_eq!(run["runsWorkflow"], true, "{run:#}");
+    assert_eq!(run["handler"], "workflow");
+    assert_eq!(run["scheduleId"], schedule_id.as_str());
+    let w = wait_workflow(&rest, &workflow_id, "WORKFLOW_STATE_SUCCEEDED").await;
+    assert_eq!(w["parentTaskId"], run_id.as_str());
+    let retry = rest
+        .call(
+            Method::POST,
+            &format!("/api/workflows/{workflow_id}/retry"),
+            Some(json!({})),
+        )
+        .await;
+    assert_error(&retry, 400, 9, "RetryTask");
+
+    // A triggered run, cancelled while its first step runs.
+    let trig = rest
+        .call(
+            Method::POST,
+            &format!("/api/schedules/{schedule_id}/trigger"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(trig.status, StatusCode::OK, "{:?}", trig.json);
+    let a2 = next_steps(&mut raw, 1).await;
+    assert_eq!(a2[0].workflow_step, "a");
+    assert_ne!(
+        a2[0].workflow_id, workflow_id,
+        "a new workflow for the new run"
+    );
+    let run2 = rest.task(&a2[0].task_id).await["parentTaskId"]
+        .as_str()
+        .expect("a step of the run")
+        .to_string();
+    let cancel = rest
+        .call(
+            Method::POST,
+            &format!("/api/tasks/{run2}/cancel"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(cancel.status, StatusCode::OK, "{:?}", cancel.json);
+    let told = next_cancel(&mut raw).await;
+    assert_eq!(
+        told.task_id, a2[0].task_id,
+        "the running step is told to stop"
+    );
+    wait_workflow(&rest, &a2[0].workflow_id, "WORKFLOW_STATE_CANCELLED").await;
+    rest.wait_state(&run2, "TASK_STATE_CANCELLED", LIMIT).await;
+    raw.close().await;
+    stop_node(node).await;
+}

@@ -113,6 +113,23 @@ struct ListArgs {
     common: Common,
 }
 
+/// What each fire of `s` runs: its template's handler, or its workflow.
+fn runs(s: &pb::Schedule) -> String {
+    match (&s.template, &s.workflow) {
+        (Some(t), _) => t.handler.clone(),
+        (None, Some(w)) => format!(
+            "workflow ({} steps{})",
+            w.steps.len(),
+            if w.on_failure.is_some() {
+                " + on_failure"
+            } else {
+                ""
+            }
+        ),
+        (None, None) => String::new(),
+    }
+}
+
 impl Definition {
     fn to_pb(&self) -> anyhow::Result<pb::Schedule> {
         let (kind, interval) = match (&self.cron, self.every, self.delay_after) {
@@ -179,13 +196,7 @@ fn print_schedule(s: &pb::Schedule) {
     };
     println!("schedule_id: {}", s.schedule_id);
     println!("spec:        {spec}");
-    println!(
-        "handler:     {}",
-        s.template
-            .as_ref()
-            .map(|t| t.handler.as_str())
-            .unwrap_or("")
-    );
+    println!("handler:     {}", runs(s));
     println!("paused:      {}", s.paused);
     println!("next fire:   {}", ts(&s.next_fire_time));
     println!(
@@ -281,11 +292,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<()> {
                         "SCHEDULE_ID", "PAUSED", "HANDLER"
                     );
                     for s in &r.schedules {
-                        let handler = s
-                            .template
-                            .as_ref()
-                            .map(|t| t.handler.as_str())
-                            .unwrap_or("");
+                        let handler = runs(s);
                         println!(
                             "{:<36}  {:<6}  {:<24}  {}",
                             s.schedule_id,

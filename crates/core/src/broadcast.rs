@@ -80,6 +80,7 @@ pub fn spread(
             }),
             parent_task_id: Some(task.id.clone()),
             broadcast: false,
+            runs_workflow: false,
             shard: Some(ShardOf { index, total }),
         })
         .collect();

@@ -1,4 +1,5 @@
-//! Schedules: a timetable plus a task template, and the pure decision of
+//! Schedules: a timetable plus a task template (or a workflow, started by
+//! a run task each fire), and the pure decision of
 //! what a due schedule does now — which fire times create a task, which are
 //! skipped as misfires, and when it fires next.
 
@@ -10,6 +11,7 @@ use crate::{
     UnixMillis,
     task::{NewTask, RetryPolicy, Strategy},
     timetable::{Timetable, parse_cron, parse_zone},
+    workflow::WorkflowSpec,
 };
 
 /// Most fire times one plan looks at; a schedule further behind than this
@@ -122,6 +124,31 @@ pub struct TaskTemplate {
     pub broadcast: bool,
 }
 
+/// The handler name of a schedule's workflow run: it names no worker's
+/// handler (a run is never dispatched), only what the run is in listings.
+pub const WORKFLOW_RUN_HANDLER: &str = "workflow";
+
+impl TaskTemplate {
+    /// The template of a workflow run: handler [`WORKFLOW_RUN_HANDLER`],
+    /// nothing else (the run has no payload, attempt or deadline).
+    pub fn workflow_run() -> Self {
+        TaskTemplate {
+            handler: WORKFLOW_RUN_HANDLER.to_string(),
+            payload: Vec::new(),
+            content_type: String::new(),
+            priority: 0,
+            labels: BTreeMap::new(),
+            routing_key: String::new(),
+            retry: RetryPolicy::default(),
+            timeout_ms: crate::task::DEFAULT_TIMEOUT_MS,
+            callback_url: String::new(),
+            balancer: None,
+            concurrency: None,
+            broadcast: false,
+        }
+    }
+}
+
 /// A schedule as stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScheduleRecord {
@@ -139,8 +166,13 @@ pub struct ScheduleRecord {
     pub interval_ms: i64,
     /// IANA zone; empty means UTC.
     pub time_zone: String,
-    /// The task each fire creates.
+    /// The task each fire creates; for a schedule that starts a workflow
+    /// ([`Self::workflow`]), the run's (handler [`WORKFLOW_RUN_HANDLER`]).
     pub template: TaskTemplate,
+    /// The workflow each fire starts, if it starts one: the fire's task is
+    /// its run ([`crate::TaskRecord::runs_workflow`]), spread into it by
+    /// the leader when due.
+    pub workflow: Option<WorkflowSpec>,
     /// Misfire policy.
     pub misfire: MisfirePolicy,
     /// Bound of CATCH_UP.
@@ -211,11 +243,13 @@ impl ScheduleRecord {
         format!("schedule:{}:{}", self.id, fire_at)
     }
 
-    /// The task for fire time `fire_at`.
+    /// The task for fire time `fire_at` (the workflow's run, for a
+    /// schedule that starts one).
     pub fn new_task(&self, id: String, fire_at: UnixMillis, now: UnixMillis) -> NewTask {
         NewTask {
             client_request_id: Some(self.fire_key(fire_at)),
             schedule_id: Some(self.id.clone()),
+            runs_workflow: self.workflow.is_some(),
             // Never before its fire time, never before now.
             ..self.template.to_task(id, &self.namespace, fire_at.max(now))
         }
@@ -248,6 +282,7 @@ impl TaskTemplate {
             workflow: None,
             parent_task_id: None,
             broadcast: t.broadcast,
+            runs_workflow: false,
             shard: None,
         }
     }

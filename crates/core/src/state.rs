@@ -187,15 +187,17 @@ pub enum Event {
     /// [`crate::workflow::is_waiting`]), which [`Event::Due`] and
     /// [`Event::Defer`] refuse: a stale due-time can never release a step.
     Unblock,
-    /// A due sharding broadcast ([`TaskRecord::broadcast`], PENDING) is
-    /// spread into `shards` shards (written with it): it is RUNNING, with
-    /// no attempt of its own and no deadline, until they have ended.
+    /// A due task that spreads ([`TaskRecord::spreads`], PENDING: a
+    /// broadcast or a schedule's workflow run) is spread into `shards`
+    /// children, the steps of a workflow written with it: it is RUNNING,
+    /// with no attempt of its own and no deadline, until they have ended.
     Spread {
-        /// How many shards were made.
+        /// How many shards (or steps) were made.
         shards: u32,
     },
-    /// The shards of a RUNNING broadcast have ended (the workflow holding
-    /// them did): it ends in `state` (SUCCEEDED, FAILED or CANCELLED).
+    /// The workflow a RUNNING spread task was spread into (a broadcast's
+    /// shards, a workflow run's steps) has ended: it ends in `state`
+    /// (SUCCEEDED, FAILED or CANCELLED).
     ShardsEnded {
         /// Its end state.
         state: TaskState,
@@ -346,15 +348,15 @@ pub fn apply(
             next.next_at = None;
         }
         Event::Due => {
-            // A broadcast is spread, never made READY.
-            if !matches!(task.state, Pending | Retrying) || waiting || task.broadcast {
+            // A broadcast or a workflow run is spread, never made READY.
+            if !matches!(task.state, Pending | Retrying) || waiting || task.spreads() {
                 return Err(illegal());
             }
             enter(&mut next, Ready, now);
             next.next_at = None;
         }
         Event::Spread { shards } => {
-            if task.state != Pending || waiting || !task.broadcast || *shards == 0 {
+            if task.state != Pending || waiting || !task.spreads() || *shards == 0 {
                 return Err(illegal());
             }
             enter(&mut next, Running, now);
@@ -366,7 +368,7 @@ pub fn apply(
             output,
         } => {
             let ends = matches!(state, Succeeded | Failed | Cancelled);
-            if task.state != Running || !task.broadcast || !ends {
+            if task.state != Running || !task.spreads() || !ends {
                 return Err(illegal());
             }
             if *state == Succeeded {
@@ -498,7 +500,7 @@ pub fn apply(
             next.next_at = Some(*until);
         }
         Event::Cancel { reason } => {
-            // A spread broadcast is RUNNING without an attempt of its own.
+            // A spread task is RUNNING without an attempt of its own.
             if task.state.is_in_flight() && task.execution_id.is_some() {
                 change = close(&mut next, AttemptOutcome::Cancelled, reason.clone(), now);
             }
@@ -543,7 +545,7 @@ fn rerun_any(task: &TaskRecord, now: UnixMillis) -> Transition {
     next.error_message.clear();
     next.output = None;
     next.times.end = None;
-    if task.broadcast {
+    if task.spreads() {
         // Spread again when the leader next looks (now).
         enter(&mut next, Pending, now);
         next.next_at = Some(now);

@@ -179,6 +179,9 @@ pub struct NewTask {
     /// A sharding broadcast: stored PENDING (never READY), and spread into
     /// one shard per live worker of its handler when due.
     pub broadcast: bool,
+    /// The run of a schedule whose template is a workflow: stored PENDING
+    /// (never READY), and spread into that workflow when due.
+    pub runs_workflow: bool,
     /// The shard of a broadcast it is, if any.
     pub shard: Option<ShardOf>,
 }
@@ -220,6 +223,7 @@ impl NewTask {
             workflow: None,
             parent_task_id: None,
             broadcast: false,
+            runs_workflow: false,
             shard: None,
         }
     }
@@ -250,6 +254,8 @@ impl NewTask {
             parent_task_id: Option<&'a str>,
             #[serde(skip_serializing_if = "std::ops::Not::not")]
             broadcast: bool,
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            runs_workflow: bool,
         }
         let body = serde_json::to_vec(&Fingerprint {
             handler: &self.handler,
@@ -266,6 +272,7 @@ impl NewTask {
             concurrency: self.concurrency.as_ref(),
             parent_task_id: self.parent_task_id.as_deref(),
             broadcast: self.broadcast,
+            runs_workflow: self.runs_workflow,
         })
         .unwrap_or_default();
         let digest = Sha256::digest(&body);
@@ -278,8 +285,9 @@ impl NewTask {
             .workflow
             .as_ref()
             .is_some_and(|w| !w.depends_on.is_empty() || w.on_failure);
-        // A broadcast is never READY: the leader spreads it when due.
-        let due = self.run_at <= now && !waits && !self.broadcast;
+        // A broadcast or a workflow's run is never READY: the leader
+        // spreads it when due.
+        let due = self.run_at <= now && !waits && !self.broadcast && !self.runs_workflow;
         let state = if due {
             TaskState::Ready
         } else {
@@ -329,6 +337,7 @@ impl NewTask {
             workflow: self.workflow,
             parent_task_id: self.parent_task_id,
             broadcast: self.broadcast,
+            runs_workflow: self.runs_workflow,
             shard: self.shard,
             attempts: Vec::new(),
             callback: None,
@@ -425,6 +434,8 @@ pub struct TaskRecord {
     pub parent_task_id: Option<String>,
     /// A sharding broadcast ([`NewTask::broadcast`]).
     pub broadcast: bool,
+    /// A schedule's workflow run ([`NewTask::runs_workflow`]).
+    pub runs_workflow: bool,
     /// The shard of a broadcast it is, if any.
     pub shard: Option<ShardOf>,
     /// Attempts, oldest first (may be left empty by list queries).
@@ -433,6 +444,16 @@ pub struct TaskRecord {
     /// Read from the outbox, not the task row: transitions never write it
     /// (the store queues it, see [`TaskRecord::wants_callback`]).
     pub callback: Option<crate::callback::CallbackDelivery>,
+}
+
+impl TaskRecord {
+    /// True for a task the leader spreads into a workflow of children when
+    /// it falls due (a broadcast into its shards, a schedule's workflow run
+    /// into its steps) instead of making it READY: RUNNING without an
+    /// attempt of its own while they run, ended with them.
+    pub fn spreads(&self) -> bool {
+        self.broadcast || self.runs_workflow
+    }
 }
 
 /// How an attempt ended.

@@ -178,6 +178,100 @@ pub struct StepDef {
     pub on_failure: bool,
 }
 
+/// A step of a [`WorkflowSpec`]: its definition and its task's template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpecStep {
+    /// Its name.
+    pub name: String,
+    /// Its parents' names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// True for the workflow's `on_failure` step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_failure: bool,
+    /// The task it runs.
+    pub template: crate::schedule::TaskTemplate,
+}
+
+/// A workflow as a caller defines it (SubmitWorkflow, or a schedule that
+/// starts one at each fire): its failure policy and its steps, the
+/// `on_failure` step (if any) among them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowSpec {
+    /// What a failed step does to the rest.
+    pub failure_policy: FailurePolicy,
+    /// The steps, in definition order.
+    pub steps: Vec<SpecStep>,
+}
+
+impl WorkflowSpec {
+    /// Checks the definition ([`check_steps`]; no step a broadcast); the
+    /// error names the problem.
+    pub fn check(&self, max_steps: usize) -> Result<(), String> {
+        let defs: Vec<StepDef> = self
+            .steps
+            .iter()
+            .map(|s| StepDef {
+                name: s.name.clone(),
+                depends_on: s.depends_on.clone(),
+                on_failure: s.on_failure,
+            })
+            .collect();
+        check_steps(&defs, max_steps)?;
+        if let Some(s) = self.steps.iter().find(|s| s.template.broadcast) {
+            return Err(format!(
+                "step {:?} is a broadcast; a workflow step cannot be one (submit the broadcast as a task)",
+                s.name
+            ));
+        }
+        Ok(())
+    }
+
+    /// The workflow `workflow_id` of `namespace` started at `now` (a child
+    /// of `parent`, if given, as each of its steps is) and its steps'
+    /// tasks, ids from `new_id`: a step without parents due at once, the
+    /// others waiting.
+    pub fn start(
+        &self,
+        workflow_id: &str,
+        namespace: &str,
+        parent: Option<&str>,
+        now: UnixMillis,
+        mut new_id: impl FnMut() -> String,
+    ) -> (WorkflowRecord, Vec<crate::NewTask>) {
+        let steps: Vec<crate::NewTask> = self
+            .steps
+            .iter()
+            .map(|s| crate::NewTask {
+                workflow: Some(StepLink {
+                    workflow_id: workflow_id.to_string(),
+                    step: s.name.clone(),
+                    depends_on: s.depends_on.clone(),
+                    on_failure: s.on_failure,
+                    parent_outputs: Vec::new(),
+                }),
+                parent_task_id: parent.map(str::to_string),
+                ..s.template.to_task(new_id(), namespace, now)
+            })
+            .collect();
+        let workflow = WorkflowRecord {
+            id: workflow_id.to_string(),
+            namespace: namespace.to_string(),
+            client_request_id: None,
+            failure_policy: self.failure_policy,
+            state: WorkflowState::Running,
+            message: String::new(),
+            step_count: u32::try_from(steps.len()).unwrap_or(u32::MAX),
+            created_at: now,
+            updated_at: now,
+            ended_at: None,
+            parent_task_id: parent.map(str::to_string),
+            steps: Vec::new(),
+        };
+        (workflow, steps)
+    }
+}
+
 /// Checks a workflow's steps: at least one, at most `max_steps`, names
 /// unique and well formed, every dependency a step of the workflow named
 /// once, and no cycle. The error names the problem (and the steps of a
@@ -298,12 +392,10 @@ pub fn check_steps(steps: &[StepDef], max_steps: usize) -> Result<(), String> {
 /// A digest of a workflow request (policy, and each step's name,
 /// dependencies and template), so a repeated `client_request_id` can be
 /// told apart from a different request.
-pub fn fingerprint(
-    policy: FailurePolicy,
-    steps: &[(StepDef, &crate::schedule::TaskTemplate)],
-    parent_task_id: Option<&str>,
-) -> String {
+pub fn fingerprint(spec: &WorkflowSpec, parent_task_id: Option<&str>) -> String {
     use sha2::{Digest, Sha256};
+    // The steps as [`SpecStep`] serialises them, but depends_on always
+    // written: the digests of workflows stored before schedules kept specs.
     #[derive(Serialize)]
     struct Step<'a> {
         name: &'a str,
@@ -314,15 +406,17 @@ pub fn fingerprint(
         on_failure: bool,
         template: &'a crate::schedule::TaskTemplate,
     }
-    let steps: Vec<Step<'_>> = steps
+    let steps: Vec<Step<'_>> = spec
+        .steps
         .iter()
-        .map(|(d, t)| Step {
-            name: &d.name,
-            depends_on: &d.depends_on,
-            on_failure: d.on_failure,
-            template: t,
+        .map(|s| Step {
+            name: &s.name,
+            depends_on: &s.depends_on,
+            on_failure: s.on_failure,
+            template: &s.template,
         })
         .collect();
+    let policy = spec.failure_policy;
     // A workflow without a parent keeps the digest it had before children.
     let body = match parent_task_id {
         None => serde_json::to_vec(&(policy, steps)),

@@ -200,6 +200,7 @@ pub fn task_to_pb(t: &TaskRecord) -> pb::Task {
             .unwrap_or_default(),
         parent_task_id: t.parent_task_id.clone().unwrap_or_default(),
         broadcast: t.broadcast,
+        runs_workflow: t.runs_workflow,
         shard_index: t.shard.map_or(0, |s| s.index),
         shard_total: t.shard.map_or(0, |s| s.total),
     }

@@ -115,7 +115,29 @@ pub(crate) fn apply_definition(
     if def.max_catch_up > 1_000 {
         return Err(invalid("schedule.max_catch_up must be at most 1000"));
     }
-    let template = template(shared, def.template)?;
+    let (template, workflow) = match (def.template, def.workflow) {
+        (Some(t), None) => (template(shared, Some(t))?, None),
+        (None, Some(w)) => (
+            TaskTemplate::workflow_run(),
+            Some(crate::workflow_api::spec_from_pb(
+                shared,
+                w.failure_policy,
+                w.steps,
+                w.on_failure,
+                "schedule.workflow.",
+            )?),
+        ),
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "a schedule has a template (a task per fire) or a workflow (a workflow per fire), not both",
+            ));
+        }
+        (None, None) => {
+            return Err(invalid(
+                "schedule.template is required (or schedule.workflow, for a workflow per fire)",
+            ));
+        }
+    };
     base.name = def.name;
     base.kind = kind;
     base.cron_expression = if kind == ScheduleKind::Cron {
@@ -126,6 +148,7 @@ pub(crate) fn apply_definition(
     base.interval_ms = interval_ms;
     base.time_zone = def.time_zone;
     base.template = template;
+    base.workflow = workflow;
     base.misfire = misfire;
     base.max_catch_up = def.max_catch_up;
     base.overlap = overlap;
@@ -225,10 +248,39 @@ pub(crate) fn template_at(
     })
 }
 
+/// The wire form of a task template.
+pub(crate) fn template_to_pb(t: &TaskTemplate) -> pb::TaskTemplate {
+    let (concurrency_key, concurrency_limit) = concurrency_to_pb(t.concurrency.as_ref());
+    pb::TaskTemplate {
+        handler: t.handler.clone(),
+        payload: Some(pb::Payload {
+            data: t.payload.clone(),
+            content_type: t.content_type.clone(),
+        }),
+        priority: t.priority,
+        labels: t
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        routing_key: t.routing_key.clone(),
+        retry_policy: Some(pb::RetryPolicy {
+            max_attempts: t.retry.max_attempts,
+            initial_backoff: Some(duration(t.retry.initial_backoff_ms)),
+            multiplier: t.retry.multiplier,
+            max_backoff: Some(duration(t.retry.max_backoff_ms)),
+        }),
+        timeout: Some(duration(t.timeout_ms)),
+        callback_url: t.callback_url.clone(),
+        balancer: strategy_to_pb(t.balancer) as i32,
+        concurrency_key,
+        concurrency_limit,
+        broadcast: t.broadcast,
+    }
+}
+
 /// The wire form of a schedule.
 pub(crate) fn to_pb(s: &ScheduleRecord) -> pb::Schedule {
-    let t = &s.template;
-    let (concurrency_key, concurrency_limit) = concurrency_to_pb(t.concurrency.as_ref());
     pb::Schedule {
         schedule_id: s.id.clone(),
         namespace: s.namespace.clone(),
@@ -241,32 +293,8 @@ pub(crate) fn to_pb(s: &ScheduleRecord) -> pb::Schedule {
         cron_expression: s.cron_expression.clone(),
         interval: (s.kind != ScheduleKind::Cron).then(|| duration(s.interval_ms)),
         time_zone: s.time_zone.clone(),
-        template: Some(pb::TaskTemplate {
-            handler: t.handler.clone(),
-            payload: Some(pb::Payload {
-                data: t.payload.clone(),
-                content_type: t.content_type.clone(),
-            }),
-            priority: t.priority,
-            labels: t
-                .labels
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            routing_key: t.routing_key.clone(),
-            retry_policy: Some(pb::RetryPolicy {
-                max_attempts: t.retry.max_attempts,
-                initial_backoff: Some(duration(t.retry.initial_backoff_ms)),
-                multiplier: t.retry.multiplier,
-                max_backoff: Some(duration(t.retry.max_backoff_ms)),
-            }),
-            timeout: Some(duration(t.timeout_ms)),
-            callback_url: t.callback_url.clone(),
-            balancer: strategy_to_pb(t.balancer) as i32,
-            concurrency_key,
-            concurrency_limit,
-            broadcast: t.broadcast,
-        }),
+        template: s.workflow.is_none().then(|| template_to_pb(&s.template)),
+        workflow: s.workflow.as_ref().map(crate::workflow_api::spec_to_pb),
         misfire_policy: match s.misfire {
             MisfirePolicy::FireOnceNow => pb::MisfirePolicy::FireOnceNow,
             MisfirePolicy::Skip => pb::MisfirePolicy::Skip,
@@ -335,6 +363,7 @@ pub(crate) fn draft(
             concurrency: None,
             broadcast: false,
         },
+        workflow: None,
         misfire: MisfirePolicy::FireOnceNow,
         max_catch_up: 0,
         overlap: OverlapPolicy::Allow,

@@ -173,6 +173,7 @@ fn new_task(
             // Set by the caller once checked (`children::parent_of`).
             parent_task_id: None,
             broadcast: req.broadcast,
+            runs_workflow: false,
             shard: None,
         },
         fingerprint_run_at,

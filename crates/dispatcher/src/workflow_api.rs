@@ -7,10 +7,9 @@
 
 use taskmesh::v1 as pb;
 use taskmesh_core::workflow::{
-    FailurePolicy, StepDef, StepLink, WorkflowRecord, WorkflowState, check_steps, fingerprint,
-    is_waiting,
+    FailurePolicy, SpecStep, WorkflowRecord, WorkflowSpec, WorkflowState, fingerprint, is_waiting,
 };
-use taskmesh_core::{NewTask, TaskRecord, id, validate};
+use taskmesh_core::{TaskRecord, id, validate};
 use taskmesh_scheduler::meters;
 use tracing::info;
 
@@ -144,6 +143,73 @@ pub(crate) fn to_pb(w: &WorkflowRecord) -> pb::Workflow {
     }
 }
 
+/// The workflow `steps`, `policy` and `on_failure` define, checked whole
+/// (names, dependencies, cycles, the step limit, each template as a
+/// schedule's): INVALID_ARGUMENT naming the problem, fields named under
+/// `at` (empty, or a schedule's `workflow.`).
+pub(crate) fn spec_from_pb(
+    shared: &Shared,
+    policy: i32,
+    steps: Vec<pb::WorkflowStepSpec>,
+    on_failure: Option<pb::WorkflowStepSpec>,
+    at: &str,
+) -> Result<WorkflowSpec, Error> {
+    let max = shared.opts.max_workflow_steps;
+    let n = steps.len() + usize::from(on_failure.is_some());
+    if n > max {
+        return Err(invalid(format!(
+            "the workflow has {n} steps; the limit is {max}"
+        )));
+    }
+    let failure_policy = policy_from_pb(policy)?;
+    // The on_failure step is checked and stored as a step of its own kind.
+    let specs = steps
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| (s, false, format!("{at}steps[{i}].template")))
+        .chain(on_failure.map(|s| (s, true, format!("{at}on_failure.template"))));
+    let mut out = Vec::with_capacity(n);
+    for (s, on_failure, field) in specs {
+        let template = template_at(shared, s.template, &field)?;
+        if template.broadcast {
+            return Err(invalid(format!(
+                "{field}.broadcast: a workflow step cannot be a broadcast (submit the broadcast as a task)"
+            )));
+        }
+        out.push(SpecStep {
+            name: s.name,
+            depends_on: s.depends_on,
+            on_failure,
+            template,
+        });
+    }
+    let spec = WorkflowSpec {
+        failure_policy,
+        steps: out,
+    };
+    spec.check(max).map_err(invalid)?;
+    Ok(spec)
+}
+
+/// The wire form of a workflow definition (a schedule's `workflow`).
+pub(crate) fn spec_to_pb(spec: &WorkflowSpec) -> pb::WorkflowTemplate {
+    let step = |s: &SpecStep| pb::WorkflowStepSpec {
+        name: s.name.clone(),
+        depends_on: s.depends_on.clone(),
+        template: Some(crate::schedule_api::template_to_pb(&s.template)),
+    };
+    pb::WorkflowTemplate {
+        steps: spec
+            .steps
+            .iter()
+            .filter(|s| !s.on_failure)
+            .map(step)
+            .collect(),
+        failure_policy: policy_to_pb(spec.failure_policy) as i32,
+        on_failure: spec.steps.iter().find(|s| s.on_failure).map(step),
+    }
+}
+
 /// SubmitWorkflow in `namespace`.
 pub(crate) async fn submit(
     shared: &Shared,
@@ -152,88 +218,21 @@ pub(crate) async fn submit(
     req: pb::SubmitWorkflowRequest,
 ) -> Result<pb::SubmitWorkflowResponse, Error> {
     children::may_submit(who, &req.parent_task_id)?;
-    let max = shared.opts.max_workflow_steps;
-    if req.steps.len() > max {
-        return Err(invalid(format!(
-            "the workflow has {} steps; the limit is {max}",
-            req.steps.len()
-        )));
-    }
-    let policy = policy_from_pb(req.failure_policy)?;
     validate::short_text("client_request_id", &req.client_request_id).map_err(invalid)?;
-    // The on_failure step is checked and stored as a step of its own kind.
-    let specs: Vec<(pb::WorkflowStepSpec, bool, String)> = req
-        .steps
-        .into_iter()
-        .enumerate()
-        .map(|(i, s)| (s, false, format!("steps[{i}].template")))
-        .chain(
-            req.on_failure
-                .map(|s| (s, true, "on_failure.template".to_string())),
-        )
-        .collect();
-    let defs: Vec<StepDef> = specs
-        .iter()
-        .map(|(s, on_failure, _)| StepDef {
-            name: s.name.clone(),
-            depends_on: s.depends_on.clone(),
-            on_failure: *on_failure,
-        })
-        .collect();
-    check_steps(&defs, max).map_err(invalid)?;
-    let mut templates = Vec::with_capacity(specs.len());
-    for (s, _, at) in specs {
-        let t = template_at(shared, s.template, &at)?;
-        if t.broadcast {
-            return Err(invalid(format!(
-                "{at}.broadcast: a workflow step cannot be a broadcast (submit the broadcast as a task)"
-            )));
-        }
-        templates.push(t);
-    }
+    let spec = spec_from_pb(shared, req.failure_policy, req.steps, req.on_failure, "")?;
     // Checked last: a definition refused costs no read.
     let parent = children::parent_of(shared, who, &namespace, &req.parent_task_id).await?;
-    let fp = fingerprint(
-        policy,
-        &defs
-            .iter()
-            .cloned()
-            .zip(templates.iter())
-            .collect::<Vec<_>>(),
-        parent.as_deref(),
-    );
+    let fp = fingerprint(&spec, parent.as_deref());
     let now = shared.clock.now_millis();
-    let workflow_id = id::new_task_id();
-    let steps: Vec<NewTask> = defs
-        .into_iter()
-        .zip(&templates)
-        .map(|(d, t)| NewTask {
-            workflow: Some(StepLink {
-                workflow_id: workflow_id.clone(),
-                step: d.name,
-                depends_on: d.depends_on,
-                on_failure: d.on_failure,
-                parent_outputs: Vec::new(),
-            }),
-            parent_task_id: parent.clone(),
-            ..t.to_task(id::new_task_id(), &namespace, now)
-        })
-        .collect();
+    let (mut record, steps) = spec.start(
+        &id::new_task_id(),
+        &namespace,
+        parent.as_deref(),
+        now,
+        id::new_task_id,
+    );
+    record.client_request_id = (!req.client_request_id.is_empty()).then_some(req.client_request_id);
     let n = steps.len();
-    let record = WorkflowRecord {
-        id: workflow_id,
-        namespace: namespace.clone(),
-        client_request_id: (!req.client_request_id.is_empty()).then_some(req.client_request_id),
-        failure_policy: policy,
-        state: WorkflowState::Running,
-        message: String::new(),
-        step_count: u32::try_from(n).unwrap_or(u32::MAX),
-        created_at: now,
-        updated_at: now,
-        ended_at: None,
-        parent_task_id: parent.clone(),
-        steps: Vec::new(),
-    };
     shared.quotas.admit_tasks(&namespace, n as u64)?;
     let created = shared.store.create_workflow(record, &fp, steps, now).await;
     shared.quotas.settled(&namespace, n as u64);
@@ -465,8 +464,8 @@ pub(crate) async fn watch(
 #[cfg(test)]
 mod tests {
     use prost::Message;
-    use taskmesh_core::TaskState;
     use taskmesh_core::workflow::{FailurePolicy, StepLink, WorkflowRecord, WorkflowState};
+    use taskmesh_core::{NewTask, TaskState};
 
     use super::*;
 

@@ -7,6 +7,10 @@
 //! there are, never on none. A spread the store refuses for any other
 //! reason than the database being busy or away ends the broadcast
 //! CANCELLED, saying why, rather than trying again for ever.
+//!
+//! A schedule's workflow run is spread the same way, into the workflow its
+//! schedule defines (the store reads it), whatever workers there are: its
+//! steps are dispatched like any workflow's.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
@@ -20,10 +24,11 @@ use crate::Scheduler;
 pub const RETRY_SPREAD_MS: i64 = 1_000;
 
 impl Scheduler {
-    /// Cancels the shards of broadcast `task`, cancelled by its schedule's
-    /// overlap policy (CANCEL_PREVIOUS), and has their workers told. A
-    /// failure is logged: the shards then run to their end, which no
-    /// longer ends the cancelled broadcast (CancelTask on it sweeps them).
+    /// Cancels the shards of broadcast `task` (the steps of workflow run
+    /// `task`: the workflows of its live children), cancelled by its
+    /// schedule's overlap policy (CANCEL_PREVIOUS), and has their workers
+    /// told. A failure is logged: the shards then run to their end, which
+    /// no longer ends the cancelled task (CancelTask on it sweeps them).
     /// Children a shard's handler submitted are not swept here (the
     /// dispatcher's sweep, which CancelTask runs, goes that deep).
     pub(crate) async fn cancel_shards(&self, task: &TaskRecord) {
@@ -51,10 +56,14 @@ impl Scheduler {
         }
         let workflows: BTreeSet<String> = shards
             .iter()
-            .filter(|s| s.shard.is_some() && !s.state.is_terminal())
+            .filter(|s| !s.state.is_terminal())
             .filter_map(|s| Some(s.workflow.as_ref()?.workflow_id.clone()))
             .collect();
-        let reason = "its broadcast was cancelled by its schedule (overlap CANCEL_PREVIOUS)";
+        let reason = if task.runs_workflow {
+            "its workflow run was cancelled by its schedule (overlap CANCEL_PREVIOUS)"
+        } else {
+            "its broadcast was cancelled by its schedule (overlap CANCEL_PREVIOUS)"
+        };
         for id in workflows {
             let now = self.clock.now_millis();
             match self.store.cancel_workflow(&id, reason, now).await {
@@ -76,7 +85,69 @@ impl Scheduler {
         }
     }
 
-    /// Spreads the due broadcasts among `due`, or defers them.
+    /// Spreads `task` (into `shards` shards, for a broadcast); what is
+    /// to be written instead (a defer, a cancel) goes into `deferred`.
+    async fn spread_one(
+        &self,
+        task: &TaskRecord,
+        shards: u32,
+        fence: u64,
+        deferred: &mut Vec<(String, Event)>,
+    ) -> Result<(), String> {
+        let now = self.clock.now_millis();
+        match self
+            .store
+            .spread_broadcast(&task.id, shards, now, Some(fence))
+            .await
+        {
+            Ok((_, workflow)) => {
+                info!(task_id = %task.id, handler = %task.handler, steps = workflow.step_count, workflow_id = %workflow.id, "task spread");
+            }
+            Err(err @ taskmesh_store::Error::Fenced(_)) => {
+                return Err(crate::leader_write_error("spread_broadcast", fence)(err));
+            }
+            // Cancelled or spread meanwhile: nothing to do.
+            Err(taskmesh_store::Error::Transition(_) | taskmesh_store::Error::NotFound(_)) => {
+                debug!(task_id = %task.id, "task moved on before its spread");
+            }
+            // The database busy or away: looked at again a second later
+            // (from now, not the round's start), not every round.
+            Err(
+                err @ (taskmesh_store::Error::Unavailable(_)
+                | taskmesh_store::Error::Conflict(_)
+                | taskmesh_store::Error::StorageFull(_)),
+            ) => {
+                warn!(task_id = %task.id, error = %err, "task not spread; trying again in a second");
+                deferred.push((
+                    task.id.clone(),
+                    Event::Defer {
+                        until: self.clock.now_millis() + RETRY_SPREAD_MS,
+                    },
+                ));
+            }
+            // A spread the store refuses would be refused again (a
+            // workflow run whose schedule was deleted, say): the task ends
+            // CANCELLED saying why, not retried for ever.
+            Err(err) => {
+                warn!(task_id = %task.id, error = %err, "task cannot be spread; cancelling it");
+                let what = if task.runs_workflow {
+                    "the workflow run could not be started"
+                } else {
+                    "the broadcast could not be spread"
+                };
+                deferred.push((
+                    task.id.clone(),
+                    Event::Cancel {
+                        reason: format!("{what}: {err}"),
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Spreads the due broadcasts and workflow runs among `due`, or defers
+    /// them.
     pub(crate) async fn spread_broadcasts(
         &self,
         due: &[&TaskRecord],
@@ -87,7 +158,7 @@ impl Scheduler {
             return Ok(());
         }
         let refilling = now < self.sweep_not_before.load(Ordering::Relaxed);
-        let workers = if refilling {
+        let workers = if refilling || !due.iter().any(|t| t.broadcast) {
             Vec::new()
         } else {
             match self.coord.list_workers().await {
@@ -111,6 +182,11 @@ impl Scheduler {
         }
         let mut deferred = Vec::new();
         for task in due {
+            if task.runs_workflow {
+                // A schedule's workflow run: started on no worker count.
+                self.spread_one(task, 1, fence, &mut deferred).await?;
+                continue;
+            }
             let ids: BTreeSet<&str> = serving
                 .get(&(task.namespace.as_str(), task.handler.as_str()))
                 .into_iter()
@@ -128,48 +204,7 @@ impl Scheduler {
                 ));
                 continue;
             }
-            match self
-                .store
-                .spread_broadcast(&task.id, shards, now, Some(fence))
-                .await
-            {
-                Ok((_, workflow)) => {
-                    info!(task_id = %task.id, handler = %task.handler, shards = workflow.step_count, workflow_id = %workflow.id, "broadcast spread");
-                }
-                Err(err @ taskmesh_store::Error::Fenced(_)) => {
-                    return Err(crate::leader_write_error("spread_broadcast", fence)(err));
-                }
-                // Cancelled or spread meanwhile: nothing to do.
-                Err(taskmesh_store::Error::Transition(_) | taskmesh_store::Error::NotFound(_)) => {
-                    debug!(task_id = %task.id, "broadcast moved on before its spread");
-                }
-                // The database busy or away: looked at again a second
-                // later (from now, not the round's start), not every round.
-                Err(
-                    err @ (taskmesh_store::Error::Unavailable(_)
-                    | taskmesh_store::Error::Conflict(_)
-                    | taskmesh_store::Error::StorageFull(_)),
-                ) => {
-                    warn!(task_id = %task.id, error = %err, "broadcast not spread; trying again in a second");
-                    deferred.push((
-                        task.id.clone(),
-                        Event::Defer {
-                            until: self.clock.now_millis() + RETRY_SPREAD_MS,
-                        },
-                    ));
-                }
-                // A spread the store refuses would be refused again: the
-                // broadcast ends CANCELLED saying why, not retried for ever.
-                Err(err) => {
-                    warn!(task_id = %task.id, error = %err, "broadcast cannot be spread; cancelling it");
-                    deferred.push((
-                        task.id.clone(),
-                        Event::Cancel {
-                            reason: format!("the broadcast could not be spread: {err}"),
-                        },
-                    ));
-                }
-            }
+            self.spread_one(task, shards, fence, &mut deferred).await?;
         }
         if deferred.is_empty() {
             return Ok(());

@@ -160,7 +160,7 @@ impl Scheduler {
         fires: usize,
         next_fire_at: Option<UnixMillis>,
     ) {
-        if let Some(prev) = done.cancelled.as_ref().filter(|p| p.broadcast) {
+        if let Some(prev) = done.cancelled.as_ref().filter(|p| p.spreads()) {
             self.cancel_shards(prev).await;
         }
         if let Some(prev) = done.cancelled

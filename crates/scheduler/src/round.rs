@@ -22,7 +22,7 @@ impl Scheduler {
             let exec = task.execution_id.clone().unwrap_or_default();
             let event = match task.state {
                 // Spread, not made READY.
-                TaskState::Pending if task.broadcast => {
+                TaskState::Pending if task.spreads() => {
                     broadcasts.push(task);
                     continue;
                 }

@@ -97,6 +97,7 @@ fn every_second(clock: &SystemClock) -> ScheduleRecord {
             concurrency: None,
             broadcast: false,
         },
+        workflow: None,
         misfire: MisfirePolicy::Skip,
         max_catch_up: 0,
         overlap: OverlapPolicy::Allow,

@@ -126,6 +126,7 @@ impl Fixture {
                 concurrency: None,
                 broadcast: false,
             },
+            workflow: None,
             misfire,
             max_catch_up: 3,
             overlap,

@@ -9,11 +9,14 @@
 use std::collections::BTreeMap;
 use std::fmt::Display;
 
+use serde::{Deserialize, Serialize};
 use taskmesh_core::schedule::{
     FireOutcome, FireRecord, MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleRecord,
     TaskTemplate,
 };
-use taskmesh_core::workflow::{FailurePolicy, StepLink, WorkflowRecord, WorkflowState};
+use taskmesh_core::workflow::{
+    FailurePolicy, StepLink, WorkflowRecord, WorkflowSpec, WorkflowState,
+};
 use taskmesh_core::{
     AttemptOutcome, AttemptRecord, CallbackDelivery, CallbackState, Concurrency, RetryPolicy,
     StateTimes, Strategy, TaskRecord, TaskState,
@@ -161,7 +164,8 @@ fn decode_task(row: &impl Columns, id: &str) -> Result<TaskRecord, String> {
         concurrency: concurrency(row)?,
         workflow: workflow(row)?,
         parent_task_id: row.opt_text("parent_task_id")?,
-        broadcast: row.int("broadcast")? != 0,
+        broadcast: row.int("broadcast")? == SPREAD_BROADCAST,
+        runs_workflow: row.int("broadcast")? == SPREAD_WORKFLOW_RUN,
         shard: shard(row)?,
         attempts: Vec::new(),
         callback: None,
@@ -315,7 +319,7 @@ fn decode_schedule(row: &impl Columns, id: &str) -> Result<ScheduleRecord, Strin
     let text = row.text("overlap_policy")?;
     let overlap =
         OverlapPolicy::parse(&text).ok_or_else(|| format!("unknown overlap policy {text}"))?;
-    let template: TaskTemplate = serde_json::from_str(&row.text("template")?)
+    let StoredTemplate { template, workflow } = serde_json::from_str(&row.text("template")?)
         .map_err(|err| format!("bad template: {err}"))?;
     let count = |col: &str| -> Result<u64, String> {
         let v = row.int(col)?;
@@ -331,6 +335,7 @@ fn decode_schedule(row: &impl Columns, id: &str) -> Result<ScheduleRecord, Strin
         interval_ms: row.int("interval_ms")?,
         time_zone: row.text("time_zone")?,
         template,
+        workflow,
         misfire,
         max_catch_up: u32::try_from(max_catch_up).map_err(|_| "max_catch_up".to_string())?,
         overlap,
@@ -380,10 +385,42 @@ pub(crate) fn fire(row: &impl Columns) -> Result<FireRecord> {
     decoded.map_err(|e| Error::Internal(format!("bad schedule_fires row: {e}")))
 }
 
-/// The JSON text of a schedule's template, as both backends store it.
+/// The `broadcast` column of a task that is a sharding broadcast.
+const SPREAD_BROADCAST: i64 = 1;
+/// The `broadcast` column of a schedule's workflow run: the column says
+/// what a task the leader spreads is spread into (0 for a task it does not
+/// spread), so a run costs no column of its own.
+const SPREAD_WORKFLOW_RUN: i64 = 2;
+
+/// The `broadcast` column's value for `task`.
+pub(crate) fn spread_kind(task: &TaskRecord) -> i64 {
+    if task.broadcast {
+        SPREAD_BROADCAST
+    } else if task.runs_workflow {
+        SPREAD_WORKFLOW_RUN
+    } else {
+        0
+    }
+}
+
+/// A schedule's `template` column: the task template, and beside its
+/// fields the workflow it starts, if it starts one (left out otherwise, so
+/// the column reads as it did before schedules started workflows).
+#[derive(Serialize, Deserialize)]
+struct StoredTemplate {
+    #[serde(flatten)]
+    template: TaskTemplate,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workflow: Option<WorkflowSpec>,
+}
+
+/// The JSON text of a schedule's template, as every backend stores it.
 pub(crate) fn template_json(s: &ScheduleRecord) -> Result<String> {
-    serde_json::to_string(&s.template)
-        .map_err(|err| bad_schedule(&s.id, format!("cannot encode template: {err}")))
+    serde_json::to_string(&StoredTemplate {
+        template: s.template.clone(),
+        workflow: s.workflow.clone(),
+    })
+    .map_err(|err| bad_schedule(&s.id, format!("cannot encode template: {err}")))
 }
 
 /// The JSON text of a task's labels, as both backends store it.

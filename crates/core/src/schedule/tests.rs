@@ -28,6 +28,7 @@ fn schedule(kind: ScheduleKind, misfire: MisfirePolicy) -> ScheduleRecord {
             concurrency: None,
             broadcast: false,
         },
+        workflow: None,
         misfire,
         max_catch_up: 4,
         overlap: OverlapPolicy::Allow,
@@ -178,4 +179,63 @@ fn invalid_definitions_are_refused() {
     for k in ["CRON", "FIXED_RATE", "FIXED_DELAY"] {
         assert_eq!(ScheduleKind::parse(k).unwrap().as_str(), k);
     }
+}
+
+#[test]
+fn a_workflow_schedule_fires_a_run_that_is_spread_into_the_workflow() {
+    use crate::workflow::{FailurePolicy, SpecStep, WorkflowSpec};
+    use crate::{Event, TaskState, apply};
+    let step = |name: &str, deps: &[&str]| SpecStep {
+        name: name.into(),
+        depends_on: deps.iter().map(|d| d.to_string()).collect(),
+        on_failure: false,
+        template: schedule(ScheduleKind::Cron, MisfirePolicy::Skip).template,
+    };
+    let spec = WorkflowSpec {
+        failure_policy: FailurePolicy::ContinueIndependent,
+        steps: vec![step("a", &[]), step("b", &["a"])],
+    };
+    assert!(spec.check(10).is_ok());
+    let s = ScheduleRecord {
+        template: TaskTemplate::workflow_run(),
+        workflow: Some(spec.clone()),
+        ..schedule(ScheduleKind::Cron, MisfirePolicy::Skip)
+    };
+    let run = s.new_task("run".into(), T0, T0).into_record(T0);
+    assert!(run.runs_workflow && run.spreads() && !run.broadcast);
+    assert_eq!(run.handler, WORKFLOW_RUN_HANDLER);
+    assert_eq!((run.state, run.next_at), (TaskState::Pending, Some(T0)));
+    assert!(apply(&run, &Event::Due, T0).is_err(), "never made READY");
+    let running = apply(&run, &Event::Spread { shards: 2 }, T0 + 1)
+        .unwrap()
+        .task;
+    assert_eq!(running.state, TaskState::Running);
+
+    let mut n = 0;
+    let (w, steps) = spec.start("w", &s.namespace, Some("run"), T0 + 1, || {
+        n += 1;
+        format!("t{n}")
+    });
+    assert_eq!(
+        (w.step_count, w.failure_policy, w.parent_task_id.as_deref()),
+        (2, FailurePolicy::ContinueIndependent, Some("run"))
+    );
+    let records: Vec<_> = steps.into_iter().map(|t| t.into_record(T0 + 1)).collect();
+    assert_eq!(
+        records.iter().map(|t| t.state).collect::<Vec<_>>(),
+        [TaskState::Ready, TaskState::Pending],
+        "a runs at once, b waits for it"
+    );
+    assert!(
+        records
+            .iter()
+            .all(|t| t.parent_task_id.as_deref() == Some("run")
+                && t.workflow.as_ref().is_some_and(|l| l.workflow_id == "w")
+                && !t.runs_workflow)
+    );
+
+    let mut bad = spec.clone();
+    bad.steps[0].template.broadcast = true;
+    assert!(bad.check(10).unwrap_err().contains("broadcast"));
+    assert!(spec.check(1).unwrap_err().contains("limit"));
 }

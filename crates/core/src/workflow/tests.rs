@@ -283,11 +283,19 @@ fn an_on_failure_step_is_checked() {
     };
     let plain = [def("a", &[]), def("f", &[])];
     let fp_under = |d: &[StepDef], parent: Option<&str>| {
-        fingerprint(
-            FailurePolicy::CancelRemaining,
-            &d.iter().cloned().map(|d| (d, &t)).collect::<Vec<_>>(),
-            parent,
-        )
+        let spec = WorkflowSpec {
+            failure_policy: FailurePolicy::CancelRemaining,
+            steps: d
+                .iter()
+                .map(|d| SpecStep {
+                    name: d.name.clone(),
+                    depends_on: d.depends_on.clone(),
+                    on_failure: d.on_failure,
+                    template: t.clone(),
+                })
+                .collect(),
+        };
+        fingerprint(&spec, parent)
     };
     let fp = |d: &[StepDef]| fp_under(d, None);
     assert_ne!(fp(&plain), fp(&[def("a", &[]), handler("f")]));

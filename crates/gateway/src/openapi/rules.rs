@@ -395,6 +395,13 @@ fn cel(id: &str) -> Option<Value> {
             {"properties": {"kind": {"enum": ["SCHEDULE_KIND_CRON", 1]}}, "required": ["kind"]},
             {"properties": {"interval": {"type": "string"}}, "required": ["interval"]},
         ]}),
+        // A template or a workflow, exactly one (null reads as absent).
+        "schedule.template_or_workflow" => json!({"anyOf": [
+            {"properties": {"template": {"type": "object"}, "workflow": {"type": "null"}},
+             "required": ["template"]},
+            {"properties": {"workflow": {"type": "object"}, "template": {"type": "null"}},
+             "required": ["workflow"]},
+        ]}),
         // A concurrency key and its limit go together: neither (absent,
         // null or zero, which proto3 JSON reads alike) or both.
         "submit.concurrency" | "template.concurrency" => json!({"anyOf": [

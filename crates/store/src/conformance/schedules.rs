@@ -36,6 +36,7 @@ pub(super) fn schedule(id: &str, next: Option<i64>) -> ScheduleRecord {
             }),
             broadcast: false,
         },
+        workflow: None,
         misfire: MisfirePolicy::CatchUp,
         max_catch_up: 3,
         overlap: OverlapPolicy::Skip,

@@ -906,3 +906,120 @@ pub async fn a_broadcast_is_spread_into_shards_and_ends_with_them(fixture: &dyn 
         "one shard at a time, not none"
     );
 }
+
+/// A schedule that starts a workflow: its fire's task is the workflow's
+/// run, stored PENDING and never claimed; its spread writes, in one
+/// transaction, the run RUNNING and the workflow its schedule defines (the
+/// steps children of the run, each released with its parents' outputs);
+/// the workflow's end ends the run. Retrying the workflow itself is
+/// refused (the run would stay ended), and a run whose schedule is gone is
+/// refused at its spread with nothing written.
+pub async fn a_workflow_run_starts_its_schedules_workflow_and_ends_with_it(
+    fixture: &dyn StoreFixture,
+) {
+    use taskmesh_core::schedule::{ScheduleRecord, TaskTemplate};
+    use taskmesh_core::workflow::{SpecStep, WorkflowSpec};
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let step = |name: &str, deps: &[&str]| SpecStep {
+        name: name.into(),
+        depends_on: deps.iter().map(|d| d.to_string()).collect(),
+        on_failure: false,
+        template: TaskTemplate {
+            handler: "run-step".into(),
+            ..TaskTemplate::workflow_run()
+        },
+    };
+    let spec = WorkflowSpec {
+        failure_policy: FailurePolicy::CancelRemaining,
+        steps: vec![step("a", &[]), step("b", &["a"])],
+    };
+    let s = ScheduleRecord {
+        template: TaskTemplate::workflow_run(),
+        workflow: Some(spec.clone()),
+        ..super::schedules::schedule("s-wf", Some(T0))
+    };
+    store.create_schedule(&s).await.expect("create schedule");
+    let stored = store
+        .get_schedule("s-wf")
+        .await
+        .expect("get")
+        .expect("there");
+    assert_eq!(
+        stored.workflow.as_ref(),
+        Some(&spec),
+        "kept with the schedule"
+    );
+    let run = store
+        .create_task(s.new_task(new_task_id(), T0, T0), "fp-run", T0)
+        .await
+        .expect("create")
+        .task;
+    let run = get_task(store, &run.id).await;
+    assert!(run.runs_workflow && !run.broadcast, "read back as a run");
+    assert_eq!((run.state, run.next_at), (TaskState::Pending, Some(T0)));
+    assert!(
+        claim(store, "workflow").await.is_empty(),
+        "a run is never claimed"
+    );
+    let due = store.due_tasks(T0, 100).await.expect("due");
+    assert!(due.iter().any(|t| t.id == run.id), "due to be spread");
+
+    let (running, w) = store
+        .spread_broadcast(&run.id, 1, T0 + 1, None)
+        .await
+        .expect("spread");
+    assert_eq!(
+        (running.state, running.execution_id),
+        (TaskState::Running, None)
+    );
+    assert_eq!(
+        (w.step_count, w.parent_task_id.as_deref()),
+        (2, Some(run.id.as_str()))
+    );
+    assert!(matches!(
+        store.retry_workflow(&w.id, T0 + 1).await,
+        Err(crate::Error::FailedPrecondition(_))
+    ));
+    let a = claim(store, "run-step").await;
+    assert_eq!(a.iter().map(name).collect::<Vec<_>>(), ["a"]);
+    assert_eq!(a[0].parent_task_id.as_deref(), Some(run.id.as_str()));
+    finish(store, &a[0], true).await;
+    assert_eq!(get_task(store, &run.id).await.state, TaskState::Running);
+    let b = claim(store, "run-step").await;
+    assert_eq!(b.iter().map(name).collect::<Vec<_>>(), ["b"]);
+    let outs = &b[0].workflow.as_ref().expect("a step").parent_outputs;
+    assert_eq!(
+        outs.iter()
+            .map(|o| (o.step.as_str(), o.data.as_slice()))
+            .collect::<Vec<_>>(),
+        [("a", b"out-a".as_slice())]
+    );
+    finish(store, &b[0], true).await;
+    let done = get_task(store, &run.id).await;
+    assert_eq!(done.state, TaskState::Succeeded);
+    assert!(
+        String::from_utf8_lossy(done.output.as_deref().unwrap_or_default()).contains(&w.id),
+        "its output names the workflow"
+    );
+    assert_eq!(wf(store, &w.id).await.state, WorkflowState::Succeeded);
+
+    let orphan = store
+        .create_task(
+            NewTask {
+                runs_workflow: true,
+                schedule_id: Some("s-gone".into()),
+                ..new_task("workflow")
+            },
+            "fp-orphan",
+            T0,
+        )
+        .await
+        .expect("create")
+        .task;
+    assert!(matches!(
+        store.spread_broadcast(&orphan.id, 1, T0 + 1, None).await,
+        Err(crate::Error::FailedPrecondition(_))
+    ));
+    assert_eq!(get_task(store, &orphan.id).await.state, TaskState::Pending);
+}

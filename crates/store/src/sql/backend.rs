@@ -96,6 +96,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Commits `tx`.
     async fn commit(&self, tx: Self::Tx) -> Result<()>;
 
+    /// Rolls `tx` back now, releasing its locks before this returns
+    /// (dropping it leaves the rollback to the connection's next use). A
+    /// failure is not reported: the connection is then closed, which rolls
+    /// back too.
+    async fn rollback(&self, tx: Self::Tx) {
+        drop(tx);
+    }
+
     /// Runs a statement in `tx`; returns the rows it changed.
     async fn exec(&self, tx: &mut Self::Tx, sql: &'static str, args: Args) -> sqlx::Result<u64>;
 
@@ -191,6 +199,12 @@ macro_rules! sqlx_backend {
 
             async fn commit(&self, tx: Self::Tx) -> $crate::Result<()> {
                 Ok(tx.commit().await?)
+            }
+
+            async fn rollback(&self, tx: Self::Tx) {
+                if let Err(err) = tx.rollback().await {
+                    tracing::debug!(error = %err, "rollback failed; the connection is closed");
+                }
             }
 
             async fn exec(

@@ -235,7 +235,7 @@ pub fn body_args(task: &TaskRecord, out: &mut Args) -> Result<()> {
     }));
     out.push(Val::Text(task.parent_task_id.clone()));
     out.extend(args![
-        i64::from(task.broadcast),
+        crate::decode::spread_kind(task),
         task.shard.map_or(0, |s| i64::from(s.index)),
         task.shard.map_or(0, |s| i64::from(s.total)),
     ]);

@@ -280,8 +280,9 @@ async fn insert_workflow<B: Backend>(
     b.exec(tx, &b.sql().insert_workflow, values).await
 }
 
-/// Ends the broadcast whose shards `workflow` holds, once it has ended, in
-/// the transaction that ended it (the caller holds the workflow's row and
+/// Ends the broadcast whose shards `workflow` holds (or the schedule's
+/// workflow run it was started by), once it has ended, in the transaction
+/// that ended it (the caller holds the workflow's row and
 /// has written the shard's end that decided it) — if the workflow is the
 /// broadcast's current spread (a broadcast spread again by RetryTask is
 /// ended by its new shards only). The broadcast's row is locked after the
@@ -301,12 +302,14 @@ async fn end_broadcast<B: Backend>(
     let (Some(parent), Some(event)) = (&workflow.parent_task_id, broadcast::ended(workflow)) else {
         return Ok(());
     };
-    if !broadcast::holds_shards(steps) {
-        return Ok(());
-    }
-    let current = lock_task(b, tx, parent)
-        .await?
-        .is_some_and(|t| t.broadcast && t.times.running == Some(workflow.created_at));
+    let shards = broadcast::holds_shards(steps);
+    // A broadcast is ended by the workflow of its shards, a workflow run
+    // by the workflow it was spread into: either written at its spread,
+    // when it went RUNNING.
+    let current = lock_task(b, tx, parent).await?.is_some_and(|t| {
+        (if shards { t.broadcast } else { t.runs_workflow })
+            && t.times.running == Some(workflow.created_at)
+    });
     if !current {
         return Ok(());
     }
@@ -449,7 +452,9 @@ impl<B: Backend> SqlStore<B> {
 
     /// `Store::spread_broadcast`: the broadcast `id` (PENDING) goes RUNNING
     /// and its `shards` shards are written as the steps of a workflow of
-    /// their own, in one transaction fenced by `fence`.
+    /// their own, in one transaction fenced by `fence`; a schedule's
+    /// workflow run likewise, into the workflow its schedule defines (read
+    /// in the transaction; `shards` unused).
     pub(super) async fn spread_broadcast_sql(
         &self,
         id: &str,
@@ -464,13 +469,39 @@ impl<B: Backend> SqlStore<B> {
             .await?
             .ok_or_else(|| Error::NotFound(id.to_string()))?;
         let workflow_id = taskmesh_core::id::new_task_id();
-        let (workflow, steps) = broadcast::spread(
-            &task,
-            &workflow_id,
-            shards,
-            now,
-            taskmesh_core::id::new_task_id,
-        );
+        let (workflow, steps) = if task.runs_workflow {
+            // The workflow as its schedule defines it now.
+            let spec = match &task.schedule_id {
+                Some(id) => b
+                    .fetch(&mut tx, &b.sql().get_schedule, args![id])
+                    .await?
+                    .first()
+                    .map(decode::schedule)
+                    .transpose()?
+                    .and_then(|s| s.workflow),
+                None => None,
+            };
+            let spec = spec.ok_or_else(|| {
+                Error::FailedPrecondition(format!(
+                    "the schedule of workflow run {id} was deleted or no longer starts a workflow"
+                ))
+            })?;
+            spec.start(
+                &workflow_id,
+                &task.namespace,
+                Some(&task.id),
+                now,
+                taskmesh_core::id::new_task_id,
+            )
+        } else {
+            broadcast::spread(
+                &task,
+                &workflow_id,
+                shards,
+                now,
+                taskmesh_core::id::new_task_id,
+            )
+        };
         let event = Event::Spread {
             shards: workflow.step_count,
         };
@@ -598,7 +629,9 @@ impl<B: Backend> SqlStore<B> {
         rows.iter().map(decode::workflow_row).collect()
     }
 
-    /// `Store::retry_workflow`.
+    /// `Store::retry_workflow`. A refusal rolls back at once: the rows
+    /// it locked are not held until the dropped transaction's rollback
+    /// runs (a claim would skip the workflow's steps meanwhile).
     pub(super) async fn retry_workflow_sql(
         &self,
         id: &str,
@@ -606,8 +639,44 @@ impl<B: Backend> SqlStore<B> {
     ) -> Result<(WorkflowRecord, u32)> {
         let b = self.backend();
         let mut tx = b.begin_write().await?;
-        let mut workflow = lock_workflow_row(b, &mut tx, id).await?;
-        let steps = steps_of(b, &mut tx, id, true).await?;
+        match self.retry_workflow_in(&mut tx, id, now).await {
+            Ok((workflow, changed, n)) => {
+                b.commit(tx).await?;
+                let changes: Vec<TaskChange> = changed.iter().map(TaskChange::of).collect();
+                self.publish(&changes, &[]);
+                Ok((workflow, n))
+            }
+            Err(err) => {
+                b.rollback(tx).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// [`Self::retry_workflow_sql`] inside `tx`: the workflow, the steps
+    /// it changed and how many it re-ran.
+    async fn retry_workflow_in(
+        &self,
+        tx: &mut B::Tx,
+        id: &str,
+        now: UnixMillis,
+    ) -> Result<(WorkflowRecord, Vec<TaskRecord>, u32)> {
+        let b = self.backend();
+        let mut workflow = lock_workflow_row(b, tx, id).await?;
+        // Before the steps are locked (a refusal holds no step's row).
+        // A schedule's workflow run ends with the workflow it was spread
+        // into: the workflow is started again by retrying the run, which
+        // retrying the workflow would leave ended.
+        if let Some(parent) = &workflow.parent_task_id
+            && lock_task(b, tx, parent)
+                .await?
+                .is_some_and(|t| t.runs_workflow)
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "this workflow is the run of a schedule (task {parent}); retry that task (RetryTask) to start the workflow again"
+            )));
+        }
+        let steps = steps_of(b, tx, id, true).await?;
         if steps.len() != workflow.step_count as usize {
             return Err(Error::FailedPrecondition(format!(
                 "workflow {id} keeps {} of its {} steps (retention removed the others): it cannot run again",
@@ -623,7 +692,7 @@ impl<B: Backend> SqlStore<B> {
             let Some(step) = steps.iter().find(|t| t.id == *task_id) else {
                 continue;
             };
-            let step = complete(b, &mut tx, step.clone()).await?;
+            let step = complete(b, tx, step.clone()).await?;
             if step
                 .callback
                 .as_ref()
@@ -637,15 +706,14 @@ impl<B: Backend> SqlStore<B> {
         }
         if events.is_empty() {
             workflow.steps = steps;
-            b.commit(tx).await?;
-            return Ok((workflow, 0));
+            return Ok((workflow, Vec::new(), 0));
         }
         let mut changed = Vec::with_capacity(events.len());
         for (task_id, event) in &events {
-            changed.push(transition_one(b, &mut tx, task_id, event, now).await?);
+            changed.push(transition_one(b, tx, task_id, event, now).await?);
         }
         b.exec(
-            &mut tx,
+            tx,
             &b.sql().update_workflow,
             args![WorkflowState::Running.as_str(), "", now, None::<i64>, id],
         )
@@ -657,12 +725,12 @@ impl<B: Backend> SqlStore<B> {
         // What follows at once: a step put back to wait whose input is too
         // large to send is cancelled again (and the policy applies); every
         // step's row is held, so nothing here waits.
-        let (workflow, _) =
-            advance_one(b, &mut tx, workflow, false, true, now, &mut changed).await?;
-        b.commit(tx).await?;
-        let changes: Vec<TaskChange> = changed.iter().map(TaskChange::of).collect();
-        self.publish(&changes, &[]);
-        Ok((workflow, u32::try_from(events.len()).unwrap_or(u32::MAX)))
+        let (workflow, _) = advance_one(b, tx, workflow, false, true, now, &mut changed).await?;
+        Ok((
+            workflow,
+            changed,
+            u32::try_from(events.len()).unwrap_or(u32::MAX),
+        ))
     }
 
     /// `Store::cancel_workflow`.
