@@ -1463,6 +1463,7 @@ async fn a_worker_token_submits_children_only_of_the_tasks_it_runs() {
             .await
             .map_err(failed)?;
         let step = pb::WorkflowStepSpec {
+            after_parents_end: false,
             name: "a".into(),
             template: Some(pb::TaskTemplate {
                 handler: "nobody-serves-this".into(),
@@ -1580,6 +1581,7 @@ async fn a_worker_token_submits_children_only_of_the_tasks_it_runs() {
             &worker_token,
             pb::SubmitWorkflowRequest {
                 steps: vec![pb::WorkflowStepSpec {
+                    after_parents_end: false,
                     name: "a".into(),
                     template: Some(pb::TaskTemplate {
                         handler: "nobody-serves-this".into(),

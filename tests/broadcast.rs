@@ -235,6 +235,7 @@ async fn a_broadcast_runs_once_on_each_worker_over_grpc_and_rest() {
     let refused = api
         .submit_workflow(pb::SubmitWorkflowRequest {
             steps: vec![pb::WorkflowStepSpec {
+                after_parents_end: false,
                 name: "a".into(),
                 template: Some(pb::TaskTemplate {
                     handler: "shard".into(),

@@ -28,6 +28,7 @@ fn worker_options(grpc: std::net::SocketAddr, id: &str) -> WorkerOptions {
 
 fn spec(name: &str, handler: &str, payload: Value) -> pb::WorkflowStepSpec {
     pb::WorkflowStepSpec {
+        after_parents_end: false,
         name: name.into(),
         depends_on: Vec::new(),
         template: Some(pb::TaskTemplate {

@@ -219,6 +219,7 @@ async fn each_failure_policy_and_cancel_over_grpc() {
     let mut api = api(node.grpc_addr).await;
     let mut raw = RawWorker::connect(node.grpc_addr, "w-policy", &["pol"], 4).await;
     let spec = |name: &str, deps: &[&str]| pb::WorkflowStepSpec {
+        after_parents_end: false,
         name: name.into(),
         depends_on: deps.iter().map(|d| d.to_string()).collect(),
         template: Some(pb::TaskTemplate {
@@ -622,6 +623,75 @@ async fn a_schedule_starts_a_workflow_at_each_fire() {
     );
     wait_workflow(&rest, &a2[0].workflow_id, "WORKFLOW_STATE_CANCELLED").await;
     rest.wait_state(&run2, "TASK_STATE_CANCELLED", LIMIT).await;
+    raw.close().await;
+    stop_node(node).await;
+}
+
+/// A join run after its parents end (afterParentsEnd): a child fails, the
+/// other is cancelled by the default policy, and the join still runs, with
+/// the succeeded child's output in parentOutputs and the others' ends and
+/// errors in parentErrors; the workflow ends FAILED after it.
+#[tokio::test]
+async fn a_join_after_its_parents_end_runs_with_their_outputs_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let rest = Rest::new(node.http_addr);
+    let mut raw = RawWorker::connect(node.grpc_addr, "w-join", &["mapper", "reducer"], 8).await;
+    let mut join = step("join", &["a", "b", "c"], "reducer");
+    join["afterParentsEnd"] = json!(true);
+    let reply = rest
+        .call(
+            Method::POST,
+            "/api/workflows",
+            Some(json!({"steps": [
+                step("a", &[], "mapper"),
+                step("b", &[], "mapper"),
+                step("c", &[], "mapper"),
+                join,
+            ]})),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{:?}", reply.json);
+    let id = reply.json["workflowId"].as_str().unwrap().to_string();
+    assert_eq!(reply.json["workflow"]["steps"][3]["afterParentsEnd"], true);
+    let abc = next_steps(&mut raw, 3).await;
+    finish(&raw, &abc[0], Some("A")).await;
+    // b fails for good: c (still running) is cancelled and told so.
+    finish(&raw, &abc[1], None).await;
+    // c's cancel and the join's assignment come in either order.
+    let (mut told, mut j) = (None, Vec::new());
+    while told.is_none() || j.is_empty() {
+        match raw.next(LIMIT).await {
+            Some(Out::Cancel(c)) => told = Some(c),
+            Some(Out::Assign(a)) => j.push(a),
+            Some(_) => {}
+            None => panic!("no cancel of c ({told:?}) or no join ({j:?})"),
+        }
+    }
+    assert_eq!(told.unwrap().task_id, abc[2].task_id);
+    assert_eq!(j[0].workflow_step, "join");
+    assert_eq!(j[0].parent_outputs.len(), 1, "{:?}", j[0].parent_outputs);
+    assert_eq!(j[0].parent_outputs["a"].data, b"A");
+    assert!(
+        j[0].parent_errors["b"].starts_with("FAILED: b broke"),
+        "{:?}",
+        j[0].parent_errors
+    );
+    assert!(
+        j[0].parent_errors["c"].starts_with("CANCELLED: "),
+        "{:?}",
+        j[0].parent_errors
+    );
+    finish(&raw, &j[0], Some("reduced")).await;
+    let done = wait_workflow(&rest, &id, "WORKFLOW_STATE_FAILED").await;
+    assert_eq!(
+        done["steps"][3]["state"], "TASK_STATE_SUCCEEDED",
+        "{done:#}"
+    );
+    assert!(
+        done["message"].as_str().unwrap().contains("\"b\""),
+        "{done:#}"
+    );
     raw.close().await;
     stop_node(node).await;
 }

@@ -256,6 +256,9 @@ fn print_task(t: &pb::Task) {
     if !t.parent_task_id.is_empty() {
         println!("parent:   {}", t.parent_task_id);
     }
+    if t.runs_workflow {
+        println!("workflow run: its workflow's steps are its children (list --parent)");
+    }
     if t.broadcast {
         println!("broadcast: its shards are its children (list --parent)");
     }

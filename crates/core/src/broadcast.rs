@@ -76,6 +76,7 @@ pub fn spread(
                 step: step_name(index),
                 depends_on: Vec::new(),
                 on_failure: false,
+                after_parents_end: false,
                 parent_outputs: Vec::new(),
             }),
             parent_task_id: Some(task.id.clone()),
@@ -107,8 +108,10 @@ pub fn holds_shards(steps: &[TaskRecord]) -> bool {
 }
 
 /// The event that ends a broadcast whose shards' workflow ended as
-/// `workflow` says; `None` while it runs.
-pub fn ended(workflow: &WorkflowRecord) -> Option<Event> {
+/// `workflow` says (`shards`; else a workflow run whose workflow did);
+/// `None` while it runs. Its output names the workflow and how many
+/// shards (or steps) it had.
+pub fn ended(workflow: &WorkflowRecord, shards: bool) -> Option<Event> {
     let state = match workflow.state {
         WorkflowState::Running => return None,
         WorkflowState::Succeeded => TaskState::Succeeded,
@@ -119,8 +122,10 @@ pub fn ended(workflow: &WorkflowRecord) -> Option<Event> {
         state,
         message: workflow.message.clone(),
         output: format!(
-            "{{\"shards\":{},\"workflowId\":\"{}\"}}",
-            workflow.step_count, workflow.id
+            "{{\"{}\":{},\"workflowId\":\"{}\"}}",
+            if shards { "shards" } else { "steps" },
+            workflow.step_count,
+            workflow.id
         )
         .into_bytes(),
     })
@@ -186,15 +191,19 @@ mod tests {
         );
 
         let mut done = wf.clone();
-        assert!(ended(&done).is_none());
+        assert!(ended(&done, true).is_none());
         done.state = WorkflowState::Succeeded;
-        let ok = apply(&running, &ended(&done).unwrap(), 300).unwrap().task;
+        let ok = apply(&running, &ended(&done, true).unwrap(), 300)
+            .unwrap()
+            .task;
         assert_eq!(ok.state, TaskState::Succeeded);
         assert!(String::from_utf8_lossy(ok.output.as_deref().unwrap()).contains("\"shards\":3"));
 
         done.state = WorkflowState::Failed;
         done.message = "step \"shard-1\" failed: boom".into();
-        let failed = apply(&running, &ended(&done).unwrap(), 300).unwrap().task;
+        let failed = apply(&running, &ended(&done, true).unwrap(), 300)
+            .unwrap()
+            .task;
         assert_eq!(failed.state, TaskState::Failed);
         assert!(failed.error_message.contains("shard-1"));
         // RetryTask spreads it again: PENDING, due now, not READY.

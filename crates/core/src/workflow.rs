@@ -118,6 +118,11 @@ pub struct ParentOutput {
     pub data: Vec<u8>,
     /// Their media type.
     pub content_type: String,
+    /// True for a parent that did not succeed, given to a step run after
+    /// its parents ended ([`StepLink::after_parents_end`]): `data` is its
+    /// end and error as text ("FAILED: message").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failed: bool,
 }
 
 /// What makes a task a workflow's step.
@@ -133,6 +138,11 @@ pub struct StepLink {
     /// True for the workflow's `on_failure` step: it waits until a step
     /// fails (see [`advance`]).
     pub on_failure: bool,
+    /// Released once every parent has ended, whatever its end, and never
+    /// cancelled for a failure (see [`advance`]): a join that runs after
+    /// failed children too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_parents_end: bool,
     /// The parents' outputs: read when the step is claimed (empty
     /// elsewhere).
     pub parent_outputs: Vec<ParentOutput>,
@@ -176,6 +186,8 @@ pub struct StepDef {
     pub depends_on: Vec<String>,
     /// True for the workflow's `on_failure` step.
     pub on_failure: bool,
+    /// Runs once its parents have ended, whatever their end.
+    pub after_parents_end: bool,
 }
 
 /// A step of a [`WorkflowSpec`]: its definition and its task's template.
@@ -189,6 +201,9 @@ pub struct SpecStep {
     /// True for the workflow's `on_failure` step.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub on_failure: bool,
+    /// Runs once its parents have ended, whatever their end.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_parents_end: bool,
     /// The task it runs.
     pub template: crate::schedule::TaskTemplate,
 }
@@ -215,6 +230,7 @@ impl WorkflowSpec {
                 name: s.name.clone(),
                 depends_on: s.depends_on.clone(),
                 on_failure: s.on_failure,
+                after_parents_end: s.after_parents_end,
             })
             .collect();
         check_steps(&defs, max_steps)?;
@@ -248,6 +264,7 @@ impl WorkflowSpec {
                     step: s.name.clone(),
                     depends_on: s.depends_on.clone(),
                     on_failure: s.on_failure,
+                    after_parents_end: s.after_parents_end,
                     parent_outputs: Vec::new(),
                 }),
                 parent_task_id: parent.map(str::to_string),
@@ -317,6 +334,20 @@ pub fn check_steps(steps: &[StepDef], max_steps: usize) -> Result<(), String> {
         }
         if steps.len() == 1 {
             return Err("a workflow needs at least one step besides its on_failure step".into());
+        }
+    }
+    for s in steps.iter().filter(|s| s.after_parents_end) {
+        if s.on_failure {
+            return Err(format!(
+                "the on_failure step {:?} cannot be after_parents_end",
+                s.name
+            ));
+        }
+        if s.depends_on.is_empty() {
+            return Err(format!(
+                "step {:?} is after_parents_end but has no depends_on: it runs after its parents end",
+                s.name
+            ));
         }
     }
     for s in steps {
@@ -404,6 +435,8 @@ pub fn fingerprint(spec: &WorkflowSpec, parent_task_id: Option<&str>) -> String 
         // it had before on_failure steps existed.
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         on_failure: bool,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        after_parents_end: bool,
         template: &'a crate::schedule::TaskTemplate,
     }
     let steps: Vec<Step<'_>> = spec
@@ -413,6 +446,7 @@ pub fn fingerprint(spec: &WorkflowSpec, parent_task_id: Option<&str>) -> String 
             name: &s.name,
             depends_on: &s.depends_on,
             on_failure: s.on_failure,
+            after_parents_end: s.after_parents_end,
             template: &s.template,
         })
         .collect();
@@ -427,6 +461,12 @@ pub fn fingerprint(spec: &WorkflowSpec, parent_task_id: Option<&str>) -> String 
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// True for a step run once its parents have ended, whatever their end
+/// ([`StepLink::after_parents_end`]).
+pub fn after_end(task: &TaskRecord) -> bool {
+    task.workflow.as_ref().is_some_and(|w| w.after_parents_end)
 }
 
 /// True for a step still waiting for its parents (PENDING, never due).
@@ -456,7 +496,11 @@ pub struct Advance {
 /// Decides what follows from the steps as they stand: which waiting steps
 /// to release, which to cancel under `policy` (all that have not ended
 /// when `cancelled` is set), and the workflow's resulting state. Steps are
-/// the workflow's tasks; their `workflow` links carry the DAG.
+/// the workflow's tasks; their `workflow` links carry the DAG. A step run
+/// after its parents end ([`after_end`]) is released once they all have,
+/// and only a caller's cancel cancels it. The caller writes the plan and
+/// runs `advance` again until it changes nothing: a cancel written here
+/// may end the last parent of such a step.
 pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> Advance {
     fn parents(t: &TaskRecord) -> Vec<&str> {
         t.workflow
@@ -490,12 +534,38 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
         let mut decided: HashSet<&str> = HashSet::new();
         loop {
             let mut changed = false;
+            // A step whose parents allow it: released, or cancelled when
+            // its input is too large to send (a failure, decided here).
+            macro_rules! release_or_cancel {
+                ($t:expr, $name:expr) => {{
+                    let (t, name) = ($t, $name);
+                    if let Some(why) = too_large(t, &sizes) {
+                        if !any_failed {
+                            out.message = format!("step {name:?} was cancelled: {why}");
+                        }
+                        any_failed = true;
+                        out.cancel.push((t.id.clone(), why));
+                        ends.insert(name, TaskState::Cancelled);
+                        changed = true;
+                    } else {
+                        out.release.push(t.id.clone());
+                    }
+                    decided.insert(name);
+                }};
+            }
             for t in others().filter(|t| is_waiting(t)) {
                 let name = t.workflow.as_ref().map_or("", |w| w.step.as_str());
                 if decided.contains(name) {
                     continue;
                 }
                 let ps = parents(t);
+                if after_end(t) {
+                    // Released once every parent has ended, whatever its end.
+                    if ps.iter().all(|p| ends.contains_key(p)) {
+                        release_or_cancel!(t, name);
+                    }
+                    continue;
+                }
                 let blocked = ps
                     .iter()
                     .find(|p| ends.get(*p).is_some_and(|s| *s != TaskState::Succeeded));
@@ -511,19 +581,7 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
                     .iter()
                     .all(|p| ends.get(*p) == Some(&TaskState::Succeeded))
                 {
-                    if let Some(why) = too_large(t, &sizes) {
-                        // Not sent: a failure of this step, decided here.
-                        if !any_failed {
-                            out.message = format!("step {name:?} was cancelled: {why}");
-                        }
-                        any_failed = true;
-                        out.cancel.push((t.id.clone(), why));
-                        ends.insert(name, TaskState::Cancelled);
-                        changed = true;
-                    } else {
-                        out.release.push(t.id.clone());
-                    }
-                    decided.insert(name);
+                    release_or_cancel!(t, name);
                 }
             }
             if !changed {
@@ -540,12 +598,33 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
         } else {
             format!("workflow failed: {}", out.message)
         };
-        out.release.clear();
+        // A failure cancels neither the on_failure step nor a step run
+        // after its parents end: both run next (the latter once its
+        // parents have ended, cancelled ones included). A cancel by a
+        // caller cancels them too.
+        let spared = |t: &TaskRecord| !cancelled && (is_on_failure(t) || after_end(t));
+        out.release
+            .retain(|id| !cancelled && steps.iter().any(|t| t.id == *id && after_end(t)));
         let already: HashSet<String> = out.cancel.iter().map(|(id, _)| id.clone()).collect();
-        for t in steps.iter().filter(|t| {
-            !t.state.is_terminal() && (cancelled || !is_on_failure(t)) && !already.contains(&t.id)
-        }) {
+        for t in steps
+            .iter()
+            .filter(|t| !t.state.is_terminal() && !spared(t) && !already.contains(&t.id))
+        {
             out.cancel.push((t.id.clone(), reason.clone()));
+        }
+        if !cancelled {
+            // Those whose parents have all ended by now; the caller runs
+            // `advance` again once this one's cancels are written, which
+            // releases those whose parents these cancels end.
+            for t in steps.iter().filter(|t| after_end(t) && is_waiting(t)) {
+                let done = parents(t).iter().all(|p| ends.contains_key(p));
+                if done && !out.release.contains(&t.id) {
+                    match too_large(t, &sizes) {
+                        None => out.release.push(t.id.clone()),
+                        Some(why) => out.cancel.push((t.id.clone(), why)),
+                    }
+                }
+            }
         }
     }
     if let Some(h) = handler.filter(|h| h.state.is_terminal() && h.state != TaskState::Succeeded) {

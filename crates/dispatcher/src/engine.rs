@@ -544,10 +544,23 @@ async fn push(shared: &Shared, task: TaskRecord) {
                 .collect(),
             timeout: Some(duration(task.timeout_ms)),
             report_secret: shared.assignment_secret(&execution_id),
+            parent_errors: task
+                .workflow
+                .iter()
+                .flat_map(|w| &w.parent_outputs)
+                .filter(|o| o.failed)
+                .map(|o| {
+                    (
+                        o.step.clone(),
+                        String::from_utf8_lossy(&o.data).into_owned(),
+                    )
+                })
+                .collect(),
             parent_outputs: task
                 .workflow
                 .iter()
                 .flat_map(|w| &w.parent_outputs)
+                .filter(|o| !o.failed)
                 .map(|o| {
                     let payload = pb::Payload {
                         data: o.data.clone(),

@@ -79,6 +79,7 @@ fn step_to_pb(t: &TaskRecord) -> pb::WorkflowStep {
         error_message: t.error_message.clone(),
         ended_at: t.times.end.map(timestamp),
         on_failure: link.is_some_and(|w| w.on_failure),
+        after_parents_end: link.is_some_and(|w| w.after_parents_end),
         output_omitted: false,
     }
 }
@@ -154,10 +155,15 @@ pub(crate) fn spec_from_pb(
     on_failure: Option<pb::WorkflowStepSpec>,
     at: &str,
 ) -> Result<WorkflowSpec, Error> {
+    // A definition's own errors name where it is (a schedule's workflow).
+    let whose = |e: String| match at.strip_suffix('.') {
+        Some(field) => invalid(format!("{field}: {e}")),
+        None => invalid(e),
+    };
     let max = shared.opts.max_workflow_steps;
     let n = steps.len() + usize::from(on_failure.is_some());
     if n > max {
-        return Err(invalid(format!(
+        return Err(whose(format!(
             "the workflow has {n} steps; the limit is {max}"
         )));
     }
@@ -180,6 +186,7 @@ pub(crate) fn spec_from_pb(
             name: s.name,
             depends_on: s.depends_on,
             on_failure,
+            after_parents_end: s.after_parents_end,
             template,
         });
     }
@@ -187,7 +194,7 @@ pub(crate) fn spec_from_pb(
         failure_policy,
         steps: out,
     };
-    spec.check(max).map_err(invalid)?;
+    spec.check(max).map_err(whose)?;
     Ok(spec)
 }
 
@@ -197,6 +204,7 @@ pub(crate) fn spec_to_pb(spec: &WorkflowSpec) -> pb::WorkflowTemplate {
         name: s.name.clone(),
         depends_on: s.depends_on.clone(),
         template: Some(crate::schedule_api::template_to_pb(&s.template)),
+        after_parents_end: s.after_parents_end,
     };
     pb::WorkflowTemplate {
         steps: spec
@@ -481,6 +489,7 @@ mod tests {
                         step: format!("s{i}"),
                         depends_on: Vec::new(),
                         on_failure: false,
+                        after_parents_end: false,
                         parent_outputs: Vec::new(),
                     }),
                     ..NewTask::new("echo", 0)

@@ -101,6 +101,7 @@ macro_rules! store_conformance_suite {
             the_on_failure_step_runs_with_the_failed_steps_errors,
             a_broadcast_is_spread_into_shards_and_ends_with_them,
             a_workflow_run_starts_its_schedules_workflow_and_ends_with_it,
+            a_join_after_its_parents_end_runs_with_outputs_and_errors,
         );
     };
     (@each $fixture:expr; $($scenario:ident),+ $(,)?) => {
@@ -310,6 +311,7 @@ pub use workflows::{
     a_broadcast_is_spread_into_shards_and_ends_with_them,
     a_diamond_workflow_releases_each_step_once_with_its_parents_outputs,
     a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest,
+    a_join_after_its_parents_end_runs_with_outputs_and_errors,
     a_workflow_run_starts_its_schedules_workflow_and_ends_with_it,
     an_ended_workflow_ages_out_whole, the_on_failure_step_runs_with_the_failed_steps_errors,
     two_replicas_ending_parents_at_once_release_each_child_once,

@@ -193,6 +193,10 @@ fn shard(row: &impl Columns) -> Result<Option<taskmesh_core::ShardOf>, String> {
 /// failure of any step (`*` is no step's name).
 pub(crate) const ON_FAILURE_DEPENDS_ON: &str = r#"["*"]"#;
 
+/// First in `depends_on` of a step run after its parents end, before its
+/// parents' names (no step name starts with `*`).
+pub(crate) const AFTER_END_MARK: &str = "*ended";
+
 /// The `workflow_id`, `workflow_step` and `depends_on` columns: a step
 /// has all three (its parents' outputs are read at claim time only).
 fn workflow(row: &impl Columns) -> Result<Option<StepLink>, String> {
@@ -202,19 +206,25 @@ fn workflow(row: &impl Columns) -> Result<Option<StepLink>, String> {
     let step = row
         .opt_text("workflow_step")?
         .ok_or("workflow_step is NULL on a workflow's step")?;
-    let (depends_on, on_failure) = match row.opt_text("depends_on")? {
+    let (mut depends_on, on_failure) = match row.opt_text("depends_on")? {
         None => (Vec::new(), false),
         Some(text) if text == ON_FAILURE_DEPENDS_ON => (Vec::new(), true),
         Some(text) => (
-            serde_json::from_str(&text).map_err(|e| format!("bad depends_on JSON: {e}"))?,
+            serde_json::from_str::<Vec<String>>(&text)
+                .map_err(|e| format!("bad depends_on JSON: {e}"))?,
             false,
         ),
     };
+    let after_parents_end = depends_on.first().is_some_and(|d| d == AFTER_END_MARK);
+    if after_parents_end {
+        depends_on.remove(0);
+    }
     Ok(Some(StepLink {
         workflow_id,
         step,
         depends_on,
         on_failure,
+        after_parents_end,
         parent_outputs: Vec::new(),
     }))
 }

@@ -305,6 +305,7 @@ pub async fn submit_workflows(
     let clients: Vec<_> = urls.iter().map(|u| lazy_client(u)).collect();
     let payload = format!(r#"{{"ms":{task_ms}}}"#).into_bytes();
     let step = |name: &str, deps: &[&str]| pb::WorkflowStepSpec {
+        after_parents_end: false,
         name: name.into(),
         depends_on: deps.iter().map(|d| d.to_string()).collect(),
         template: Some(pb::TaskTemplate {

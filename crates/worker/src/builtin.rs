@@ -159,6 +159,7 @@ mod tests {
             workflow_id: String::new(),
             workflow_step: String::new(),
             parent_outputs: HashMap::new(),
+            parent_errors: HashMap::new(),
             shard: None,
         }
     }

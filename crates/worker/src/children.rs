@@ -140,7 +140,10 @@ impl Children {
     /// outputs by name, submitted as one workflow under the parent (all of
     /// it or nothing). `client_request_id` makes it idempotent (empty for
     /// none). The children's failure policy is the workflow's default:
-    /// a failed child cancels the rest and the join.
+    /// a failed child cancels the rest and the join — unless the join has
+    /// `after_parents_end` set, which runs it once every child has ended,
+    /// whatever its end, with the failed ones' errors in
+    /// [`TaskContext::parent_errors`](crate::TaskContext::parent_errors).
     pub async fn fan_out(
         &self,
         children: Vec<pb::WorkflowStepSpec>,

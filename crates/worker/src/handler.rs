@@ -47,6 +47,9 @@ pub struct TaskContext {
     /// For a workflow step: each parent's output (bytes and media type)
     /// by step name.
     pub parent_outputs: HashMap<String, Output>,
+    /// For a step run after its parents end (`after_parents_end`): each
+    /// parent that did not succeed, by step name, as "STATE: message".
+    pub parent_errors: HashMap<String, String>,
     /// For a shard of a sharding broadcast: `(index, total)`, the index
     /// from 0 (each live worker of the handler runs one shard when the
     /// broadcast was spread); `None` for any other task.

@@ -109,6 +109,7 @@ pub(crate) fn context(
         workflow_id: a.workflow_id,
         workflow_step: a.workflow_step,
         shard: (a.shard_total > 0).then_some((a.shard_index, a.shard_total)),
+        parent_errors: a.parent_errors,
         parent_outputs: a
             .parent_outputs
             .into_iter()

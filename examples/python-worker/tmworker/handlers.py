@@ -46,6 +46,9 @@ class Task:
     # A workflow step's name, and its parents' outputs by step name.
     workflow_step: str = ""
     parent_outputs: Dict[str, "Output"] = field(default_factory=dict)
+    # For a step run after its parents end (afterParentsEnd): each parent
+    # that did not succeed, by step name, as "STATE: message".
+    parent_errors: Dict[str, str] = field(default_factory=dict)
     # A shard of a sharding broadcast: its index (from 0) and how many
     # shards there are; shard_total is 0 for any other task.
     shard_index: int = 0

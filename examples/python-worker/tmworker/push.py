@@ -103,6 +103,7 @@ class PushWorker(Worker, worker_pb2_grpc.WorkerServicer):
                         a.payload.content_type, dict(a.labels), a.workflow_step,
                         {step: Output(p.data, p.content_type)
                          for step, p in a.parent_outputs.items()},
+                        parent_errors=dict(a.parent_errors),
                         shard_index=a.shard_index, shard_total=a.shard_total,
                         _submit=self.submit_children)
             self.inflight[a.execution_id] = task

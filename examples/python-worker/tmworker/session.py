@@ -212,6 +212,7 @@ class Session:
                         a.payload.content_type, dict(a.labels), a.workflow_step,
                         {step: Output(p.data, p.content_type)
                          for step, p in a.parent_outputs.items()},
+                        parent_errors=dict(a.parent_errors),
                         shard_index=a.shard_index, shard_total=a.shard_total,
                         _submit=w.submit_children)
             self.inflight[a.execution_id] = task

@@ -67,6 +67,7 @@ pub struct WorkflowsReport {
 /// The request of one workflow.
 fn request() -> pb::SubmitWorkflowRequest {
     let step = |name: String, deps: Vec<String>| pb::WorkflowStepSpec {
+        after_parents_end: false,
         name,
         depends_on: deps,
         template: Some(pb::TaskTemplate {

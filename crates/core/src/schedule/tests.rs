@@ -189,6 +189,7 @@ fn a_workflow_schedule_fires_a_run_that_is_spread_into_the_workflow() {
         name: name.into(),
         depends_on: deps.iter().map(|d| d.to_string()).collect(),
         on_failure: false,
+        after_parents_end: false,
         template: schedule(ScheduleKind::Cron, MisfirePolicy::Skip).template,
     };
     let spec = WorkflowSpec {

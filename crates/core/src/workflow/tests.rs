@@ -6,6 +6,7 @@ fn def(name: &str, deps: &[&str]) -> StepDef {
         name: name.into(),
         depends_on: deps.iter().map(|d| d.to_string()).collect(),
         on_failure: false,
+        after_parents_end: false,
     }
 }
 
@@ -76,7 +77,8 @@ fn diamond_with_handler(now: UnixMillis) -> Vec<TaskRecord> {
     )
 }
 
-/// Steps (name, parents) as stored; one named `f` is the on_failure step.
+/// Steps (name, parents) as stored; one named `f` is the on_failure step,
+/// one named `join` runs after its parents end.
 fn steps_of(defs: &[(&str, Vec<&str>)], now: UnixMillis) -> Vec<TaskRecord> {
     defs.iter()
         .cloned()
@@ -86,6 +88,7 @@ fn steps_of(defs: &[(&str, Vec<&str>)], now: UnixMillis) -> Vec<TaskRecord> {
                     workflow_id: "w".into(),
                     step: name.into(),
                     on_failure: name == "f",
+                    after_parents_end: name == "join",
                     depends_on: deps.into_iter().map(String::from).collect(),
                     parent_outputs: Vec::new(),
                 }),
@@ -291,6 +294,7 @@ fn an_on_failure_step_is_checked() {
                     name: d.name.clone(),
                     depends_on: d.depends_on.clone(),
                     on_failure: d.on_failure,
+                    after_parents_end: false,
                     template: t.clone(),
                 })
                 .collect(),
@@ -488,5 +492,132 @@ fn a_step_too_large_to_send_fails_the_workflow_and_releases_its_on_failure_step(
     assert!(
         events.contains(&(steps[3].id.clone(), Event::RerunAfterParents)),
         "{events:?}"
+    );
+}
+
+/// Writes `plan` as the store does (releases, then cancels) and plans
+/// again while a step run after its parents end waits, as
+/// `advance_one` does; returns the last plan.
+fn settle(steps: &mut [TaskRecord], policy: FailurePolicy, now: UnixMillis) -> Advance {
+    loop {
+        let plan = advance(steps, policy, false);
+        let mut written = 0;
+        for t in steps.iter_mut() {
+            if plan.release.contains(&t.id) {
+                *t = apply(t, &Event::Unblock, now).unwrap().task;
+                written += 1;
+            } else if let Some((_, reason)) = plan.cancel.iter().find(|(id, _)| *id == t.id) {
+                let reason = reason.clone();
+                *t = apply(t, &Event::Cancel { reason }, now).unwrap().task;
+                written += 1;
+            }
+        }
+        let joins_wait = steps.iter().any(|t| after_end(t) && is_waiting(t));
+        if written == 0 || !joins_wait {
+            return plan;
+        }
+    }
+}
+
+#[test]
+fn a_join_after_its_parents_end_runs_after_a_failure_under_either_policy() {
+    // a, b, c are children; join runs once all three have ended; d needs
+    // the join to succeed.
+    let defs = || {
+        vec![
+            ("a", vec![]),
+            ("b", vec![]),
+            ("c", vec![]),
+            ("join", vec!["a", "b", "c"]),
+            ("d", vec!["join"]),
+        ]
+    };
+    for policy in [
+        FailurePolicy::CancelRemaining,
+        FailurePolicy::ContinueIndependent,
+    ] {
+        let mut steps = steps_of(&defs(), 1000);
+        assert!(is_waiting(&steps[3]) && after_end(&steps[3]));
+        run(&mut steps[0], true, 1001);
+        run(&mut steps[1], false, 1002);
+        // c has not ended: under CANCEL_REMAINING it is cancelled, which
+        // ends the join's last parent; under CONTINUE_INDEPENDENT it goes on.
+        assert_eq!(steps[2].state, TaskState::Ready);
+        let plan = settle(&mut steps, policy, 1003);
+        if policy == FailurePolicy::ContinueIndependent {
+            assert!(is_waiting(&steps[3]), "c has not ended: {plan:?}");
+            assert_eq!(plan.state, WorkflowState::Running);
+            run(&mut steps[2], true, 1004);
+            settle(&mut steps, policy, 1005);
+        } else {
+            assert_eq!(steps[2].state, TaskState::Cancelled);
+        }
+        assert_eq!(
+            steps[3].state,
+            TaskState::Ready,
+            "{policy:?}: the join runs once every parent has ended"
+        );
+        if policy == FailurePolicy::ContinueIndependent {
+            assert!(is_waiting(&steps[4]), "d waits for the join");
+        } else {
+            assert_eq!(
+                steps[4].state,
+                TaskState::Cancelled,
+                "d, like c, is cancelled"
+            );
+        }
+        run(&mut steps[3], true, 1006);
+        let plan = settle(&mut steps, policy, 1007);
+        // d depends on the join, which succeeded: it is released under
+        // CONTINUE_INDEPENDENT; CANCEL_REMAINING cancelled it at b's
+        // failure already.
+        let d_ok = policy == FailurePolicy::ContinueIndependent;
+        assert_eq!(
+            steps[4].state,
+            if d_ok {
+                TaskState::Ready
+            } else {
+                TaskState::Cancelled
+            },
+            "{policy:?}"
+        );
+        if d_ok {
+            run(&mut steps[4], true, 1008);
+        }
+        let plan = if d_ok {
+            settle(&mut steps, policy, 1009)
+        } else {
+            plan
+        };
+        assert_eq!(plan.state, WorkflowState::Failed, "{policy:?}: b failed");
+        assert!(plan.message.contains("\"b\""), "{}", plan.message);
+    }
+    // A caller's cancel cancels the join too.
+    let steps = steps_of(&defs(), 1000);
+    let plan = advance(&steps, FailurePolicy::CancelRemaining, true);
+    assert!(plan.cancel.iter().any(|(id, _)| *id == steps[3].id));
+    assert!(plan.release.is_empty());
+}
+
+#[test]
+fn a_step_after_its_parents_end_is_checked() {
+    let join = |deps: &[&str]| StepDef {
+        after_parents_end: true,
+        ..def("j", deps)
+    };
+    assert!(check_steps(&[def("a", &[]), join(&["a"])], 10).is_ok());
+    assert!(
+        check_steps(&[def("a", &[]), join(&[])], 10)
+            .unwrap_err()
+            .contains("no depends_on")
+    );
+    let both = StepDef {
+        on_failure: true,
+        ..join(&[])
+    };
+    assert!(
+        check_steps(&[def("a", &[]), both], 10)
+            .unwrap_err()
+            .contains("cannot be after_parents_end")
     );
 }

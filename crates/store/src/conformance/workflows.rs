@@ -11,7 +11,8 @@ use super::{StoreFixture, T0, new_task};
 use crate::{Claim, Store};
 
 /// A workflow of `steps` (name, parents) of `handler`, as SubmitWorkflow
-/// would make it.
+/// would make it; a step named `on-failure` is the on_failure step, one
+/// named `join` runs after its parents end.
 fn workflow(
     handler: &str,
     policy: FailurePolicy,
@@ -26,6 +27,7 @@ fn workflow(
                 step: name.to_string(),
                 depends_on: deps.iter().map(|d| d.to_string()).collect(),
                 on_failure: *name == "on-failure",
+                after_parents_end: *name == "join",
                 parent_outputs: Vec::new(),
             }),
             ..new_task(handler)
@@ -925,6 +927,7 @@ pub async fn a_workflow_run_starts_its_schedules_workflow_and_ends_with_it(
         name: name.into(),
         depends_on: deps.iter().map(|d| d.to_string()).collect(),
         on_failure: false,
+        after_parents_end: false,
         template: TaskTemplate {
             handler: "run-step".into(),
             ..TaskTemplate::workflow_run()
@@ -998,9 +1001,10 @@ pub async fn a_workflow_run_starts_its_schedules_workflow_and_ends_with_it(
     finish(store, &b[0], true).await;
     let done = get_task(store, &run.id).await;
     assert_eq!(done.state, TaskState::Succeeded);
+    let output = String::from_utf8_lossy(done.output.as_deref().unwrap_or_default()).into_owned();
     assert!(
-        String::from_utf8_lossy(done.output.as_deref().unwrap_or_default()).contains(&w.id),
-        "its output names the workflow"
+        output.contains(&w.id) && output.contains("\"steps\":2"),
+        "its output names the workflow and its steps: {output}"
     );
     assert_eq!(wf(store, &w.id).await.state, WorkflowState::Succeeded);
 
@@ -1022,4 +1026,74 @@ pub async fn a_workflow_run_starts_its_schedules_workflow_and_ends_with_it(
         Err(crate::Error::FailedPrecondition(_))
     ));
     assert_eq!(get_task(store, &orphan.id).await.state, TaskState::Pending);
+}
+
+/// A join run after its parents end: read back as one, released once
+/// every parent has ended — a failure, and the cancel of a running sibling
+/// it causes, included — in the transaction that ended the last, with the
+/// succeeded parents' outputs and the others' errors; the workflow ends
+/// FAILED once it has run.
+pub async fn a_join_after_its_parents_end_runs_with_outputs_and_errors(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let id = start(
+        store,
+        "jn",
+        FailurePolicy::CancelRemaining,
+        &[
+            ("a", &[]),
+            ("b", &[]),
+            ("c", &[]),
+            ("join", &["a", "b", "c"]),
+        ],
+    )
+    .await;
+    let w = wf(store, &id).await;
+    let link = w.steps[3].workflow.as_ref().expect("a step");
+    assert!(
+        link.after_parents_end && link.depends_on == ["a", "b", "c"],
+        "{link:?}"
+    );
+    let abc = claim(store, "jn").await;
+    assert_eq!(abc.iter().map(name).collect::<Vec<_>>(), ["a", "b", "c"]);
+    finish(store, &abc[0], true).await;
+    // b fails: c (claimed, not ended) is cancelled, which ends the join's
+    // last parent: the join is released in the same transaction.
+    finish(store, &abc[1], false).await;
+    let j = claim(store, "jn").await;
+    assert_eq!(j.iter().map(name).collect::<Vec<_>>(), ["join"]);
+    let outs = &j[0].workflow.as_ref().expect("a step").parent_outputs;
+    let mut got: Vec<(&str, bool, String)> = outs
+        .iter()
+        .map(|o| {
+            (
+                o.step.as_str(),
+                o.failed,
+                String::from_utf8_lossy(&o.data).into_owned(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(
+        (got[0].0, got[0].1, got[0].2.as_str()),
+        ("a", false, "out-a")
+    );
+    assert!(
+        got[1].0 == "b" && got[1].1 && got[1].2.starts_with("FAILED: b broke"),
+        "{got:?}"
+    );
+    assert!(
+        got[2].0 == "c" && got[2].1 && got[2].2.starts_with("CANCELLED: "),
+        "{got:?}"
+    );
+    assert_eq!(
+        wf(store, &id).await.state,
+        WorkflowState::Running,
+        "the join runs"
+    );
+    finish(store, &j[0], true).await;
+    let done = wf(store, &id).await;
+    assert_eq!(done.state, WorkflowState::Failed);
+    assert!(done.message.contains("\"b\""), "{}", done.message);
 }

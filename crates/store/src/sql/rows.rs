@@ -228,6 +228,15 @@ pub fn body_args(task: &TaskRecord, out: &mut Args) -> Result<()> {
         // The on_failure step depends on the failure of any step: `["*"]`
         // (no step may be named `*`).
         Some(w) if w.on_failure => Some(crate::decode::ON_FAILURE_DEPENDS_ON.to_string()),
+        // A step run after its parents end: its parents behind `*ended`.
+        Some(w) if w.after_parents_end => Some(
+            serde_json::to_string(
+                &std::iter::once(crate::decode::AFTER_END_MARK)
+                    .chain(w.depends_on.iter().map(String::as_str))
+                    .collect::<Vec<_>>(),
+            )
+            .map_err(|e| crate::Error::Internal(format!("depends_on as JSON: {e}")))?,
+        ),
         Some(w) => Some(
             serde_json::to_string(&w.depends_on)
                 .map_err(|e| crate::Error::Internal(format!("depends_on as JSON: {e}")))?,

@@ -621,7 +621,7 @@ impl Statements {
             )),
             step_outputs: Ladder::new(d, |d, n| {
                 d.render(&format!(
-                    "SELECT workflow_step, state, output, output_content_type FROM tasks \
+                    "SELECT workflow_step, state, output, output_content_type, error_message FROM tasks \
                      WHERE workflow_id = ? AND workflow_step IN ({})",
                     marks(n)
                 ))

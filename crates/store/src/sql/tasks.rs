@@ -40,6 +40,16 @@ pub(super) async fn lock_task<B: Backend>(
     rows.first().map(decode::task).transpose()
 }
 
+/// Task `id` as `tx` reads it, without locking its row.
+pub(super) async fn read_task<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    id: &str,
+) -> Result<Option<TaskRecord>> {
+    let rows = b.fetch(tx, &b.sql().get_task, args![id]).await?;
+    rows.first().map(decode::task).transpose()
+}
+
 /// The attempts of task `id`, oldest first.
 async fn load_attempts<B: Backend>(b: &B, tx: &mut B::Tx, id: &str) -> Result<Vec<AttemptRecord>> {
     let rows = b.fetch(tx, &b.sql().attempts_of, args![id]).await?;

@@ -26,7 +26,7 @@ use taskmesh_core::{CallbackState, Event, NewTask, TaskRecord, TaskState, UnixMi
 
 use super::backend::Backend;
 use super::dialect::in_lists;
-use super::tasks::{complete, insert_rows, lock_task, sql_limit};
+use super::tasks::{complete, insert_rows, lock_task, read_task, sql_limit};
 use super::transitions::{check_fence, transition_one, write_transition};
 use super::{SqlStore, Val, args};
 use crate::error::is_unique_violation;
@@ -181,43 +181,34 @@ async fn advance_one<B: Backend>(
     // the transition that changes it.
     let mut steps = steps_of(b, tx, &workflow.id, false).await?;
     let cancelled = cancel || workflow.state == WorkflowState::Cancelled;
-    let plan = wf::advance(&steps, workflow.failure_policy, cancelled);
     let index: HashMap<String, usize> = steps
         .iter()
         .enumerate()
         .map(|(i, t)| (t.id.clone(), i))
         .collect();
     let mut complete = true;
-    let mut events: Vec<(&String, Event)> =
-        plan.release.iter().map(|id| (id, Event::Unblock)).collect();
-    for (id, reason) in &plan.cancel {
-        let waiting = index.get(id).is_some_and(|&i| wf::is_waiting(&steps[i]));
-        if !wait && !waiting {
-            let held = b.fetch(tx, &b.sql().try_lock_task, args![id]).await?;
-            if held.is_empty() {
-                complete = false;
-                continue;
-            }
+    // While a step run after its parents end waits: a cancel written here
+    // may end its last parent, which the next plan releases. Each round
+    // moves steps on for good, so it ends. The first plan's message
+    // (which step failed first) is kept.
+    let mut rounds = 0;
+    let mut first_message = String::new();
+    let mut plan = loop {
+        let plan = wf::advance(&steps, workflow.failure_policy, cancelled);
+        rounds += 1;
+        if first_message.is_empty() {
+            first_message.clone_from(&plan.message);
         }
-        let reason = reason.clone();
-        events.push((id, Event::Cancel { reason }));
-    }
-    // Row by row, each read again under its lock (a step to cancel may
-    // have moved since it was read). Not Postgres's bulk UNNEST write: a
-    // few rows per call into a table whose statistics lag its growth got
-    // a generic plan that scans the table (measured: 525 steps/s against
-    // 1,301 row by row, `bench --scenario workflows`).
-    for (id, event) in events {
-        let task = match transition_one(b, tx, id, &event, now).await {
-            Ok(task) => task,
-            // It ended meanwhile (a result this transaction wrote first).
-            Err(Error::Transition(_)) => continue,
-            Err(err) => return Err(err),
-        };
-        if let Some(&i) = index.get(id) {
-            steps[i] = task.clone();
+        let (written, done) =
+            write_plan(b, tx, &plan, &mut steps, &index, wait, now, changed).await?;
+        complete &= done;
+        let joins_wait = steps.iter().any(|t| wf::after_end(t) && wf::is_waiting(t));
+        if written == 0 || !joins_wait || rounds > steps.len() {
+            break plan;
         }
-        changed.push(task);
+    };
+    if !first_message.is_empty() {
+        plan.message = first_message;
     }
     // A cancelled workflow keeps its caller's reason.
     let message = if cancelled {
@@ -254,6 +245,58 @@ async fn advance_one<B: Backend>(
     }
     workflow.steps = steps;
     Ok((workflow, complete))
+}
+
+/// Writes `plan`'s releases and cancels (a step to cancel that is not
+/// waiting and another transaction holds is left, unless `wait`), each
+/// step read again under its lock, into `steps` (at `index`) and
+/// `changed`. Returns how many it wrote and false when a cancel was left.
+#[allow(clippy::too_many_arguments)]
+async fn write_plan<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    plan: &wf::Advance,
+    steps: &mut [TaskRecord],
+    index: &HashMap<String, usize>,
+    wait: bool,
+    now: UnixMillis,
+    changed: &mut Vec<TaskRecord>,
+) -> Result<(usize, bool)> {
+    let mut complete = true;
+    let mut events: Vec<(&String, Event)> =
+        plan.release.iter().map(|id| (id, Event::Unblock)).collect();
+    for (id, reason) in &plan.cancel {
+        let waiting = index.get(id).is_some_and(|&i| wf::is_waiting(&steps[i]));
+        if !wait && !waiting {
+            let held = b.fetch(tx, &b.sql().try_lock_task, args![id]).await?;
+            if held.is_empty() {
+                complete = false;
+                continue;
+            }
+        }
+        let reason = reason.clone();
+        events.push((id, Event::Cancel { reason }));
+    }
+    // Row by row, each read again under its lock (a step to cancel may
+    // have moved since it was read). Not Postgres's bulk UNNEST write: a
+    // few rows per call into a table whose statistics lag its growth got
+    // a generic plan that scans the table (measured: 525 steps/s against
+    // 1,301 row by row, `bench --scenario workflows`).
+    let mut written = 0;
+    for (id, event) in events {
+        let task = match transition_one(b, tx, id, &event, now).await {
+            Ok(task) => task,
+            // It ended meanwhile (a result this transaction wrote first).
+            Err(Error::Transition(_)) => continue,
+            Err(err) => return Err(err),
+        };
+        if let Some(&i) = index.get(id) {
+            steps[i] = task.clone();
+        }
+        changed.push(task);
+        written += 1;
+    }
+    Ok((written, complete))
 }
 
 /// Inserts `workflow`'s row (not its steps).
@@ -299,17 +342,26 @@ async fn end_broadcast<B: Backend>(
     now: UnixMillis,
     changed: &mut Vec<TaskRecord>,
 ) -> Result<()> {
-    let (Some(parent), Some(event)) = (&workflow.parent_task_id, broadcast::ended(workflow)) else {
+    let shards = broadcast::holds_shards(steps);
+    let (Some(parent), Some(event)) =
+        (&workflow.parent_task_id, broadcast::ended(workflow, shards))
+    else {
         return Ok(());
     };
-    let shards = broadcast::holds_shards(steps);
     // A broadcast is ended by the workflow of its shards, a workflow run
     // by the workflow it was spread into: either written at its spread,
-    // when it went RUNNING.
-    let current = lock_task(b, tx, parent).await?.is_some_and(|t| {
+    // when it went RUNNING. Which a parent is never changes, so it is read
+    // first without a lock: any other parent (a handler running its
+    // fan-out, whose row a lost-worker release may hold while it waits
+    // for this workflow's steps) is never locked here.
+    let spreads = |t: &TaskRecord| {
         (if shards { t.broadcast } else { t.runs_workflow })
             && t.times.running == Some(workflow.created_at)
-    });
+    };
+    if !read_task(b, tx, parent).await?.is_some_and(|t| spreads(&t)) {
+        return Ok(());
+    }
+    let current = lock_task(b, tx, parent).await?.is_some_and(|t| spreads(&t));
     if !current {
         return Ok(());
     }
@@ -351,6 +403,8 @@ pub(super) async fn fill_parent_outputs<B: Backend>(
                         step,
                         data: t.error_message.clone().into_bytes(),
                         content_type: wf::ERROR_CONTENT_TYPE.into(),
+                        // Given as outputs, as before parent_errors existed.
+                        failed: false,
                     })
                 })
                 .collect();
@@ -366,27 +420,65 @@ pub(super) async fn fill_parent_outputs<B: Backend>(
             values.extend(list.into_iter().map(Val::from));
             rows.extend(b.fetch(tx, b.sql().step_outputs.get(n), values).await?);
         }
+        let bad = |e: String| Error::Internal(format!("bad step output row: {e}"));
         let mut outputs = Vec::with_capacity(link.depends_on.len());
+        let mut errors = Vec::new();
         for row in &rows {
-            let step = decode::Columns::text(row, "workflow_step")
-                .map_err(|e| Error::Internal(format!("bad step output row: {e}")))?;
-            let state = decode::Columns::text(row, "state")
-                .map_err(|e| Error::Internal(format!("bad step output row: {e}")))?;
+            let step = decode::Columns::text(row, "workflow_step").map_err(bad)?;
+            let state = decode::Columns::text(row, "state").map_err(bad)?;
             if state != TaskState::Succeeded.as_str() {
+                // A step run after its parents end gets the others' errors.
+                if link.after_parents_end {
+                    let error = decode::Columns::text(row, "error_message").map_err(bad)?;
+                    errors.push((step, format!("{state}: {error}")));
+                }
                 continue;
             }
             outputs.push(ParentOutput {
                 step,
                 data: decode::Columns::opt_bytes(row, "output")
-                    .map_err(|e| Error::Internal(format!("bad step output: {e}")))?
+                    .map_err(bad)?
                     .unwrap_or_default(),
-                content_type: decode::Columns::text(row, "output_content_type")
-                    .map_err(|e| Error::Internal(format!("bad step output: {e}")))?,
+                content_type: decode::Columns::text(row, "output_content_type").map_err(bad)?,
+                failed: false,
+            });
+        }
+        // Errors within what an assignment may carry beside the payload
+        // and the outputs (release checked those), each cut to 4 KiB.
+        let mut room = wf::MAX_ASSIGNMENT_INPUT_BYTES
+            .saturating_sub(task.payload.len())
+            .saturating_sub(outputs.iter().map(|o| o.step.len() + o.data.len()).sum());
+        for (step, mut text) in errors {
+            cut(&mut text, MAX_ERROR_BYTES);
+            let Some(left) = room.checked_sub(step.len() + text.len()) else {
+                break;
+            };
+            room = left;
+            outputs.push(ParentOutput {
+                step,
+                data: text.into_bytes(),
+                content_type: wf::ERROR_CONTENT_TYPE.into(),
+                failed: true,
             });
         }
         link.parent_outputs = outputs;
     }
     Ok(())
+}
+
+/// The most bytes of a failed parent's error a step run after its
+/// parents end is given.
+const MAX_ERROR_BYTES: usize = 4 * 1024;
+
+/// Cuts `text` to at most `max` bytes, on a character boundary.
+fn cut(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
 }
 
 /// What [`SqlStore::create_workflow`] answers.
@@ -464,8 +556,37 @@ impl<B: Backend> SqlStore<B> {
     ) -> Result<(TaskRecord, WorkflowRecord)> {
         let b = self.backend();
         let mut tx = b.begin_write().await?;
-        check_fence(b, &mut tx, fence).await?;
-        let task = lock_task(b, &mut tx, id)
+        match self.spread_in(&mut tx, id, shards, now, fence).await {
+            Ok((task, workflow)) => {
+                b.commit(tx).await?;
+                let changes: Vec<TaskChange> = std::iter::once(&task)
+                    .chain(&workflow.steps)
+                    .map(TaskChange::of)
+                    .collect();
+                self.publish(&changes, &[]);
+                Ok((task, workflow))
+            }
+            // Refused: the task's row is let go at once (the caller may
+            // write its cancel next).
+            Err(err) => {
+                b.rollback(tx).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// [`Self::spread_broadcast_sql`] inside `tx`.
+    async fn spread_in(
+        &self,
+        tx: &mut B::Tx,
+        id: &str,
+        shards: u32,
+        now: UnixMillis,
+        fence: Option<u64>,
+    ) -> Result<(TaskRecord, WorkflowRecord)> {
+        let b = self.backend();
+        check_fence(b, tx, fence).await?;
+        let task = lock_task(b, tx, id)
             .await?
             .ok_or_else(|| Error::NotFound(id.to_string()))?;
         let workflow_id = taskmesh_core::id::new_task_id();
@@ -473,7 +594,7 @@ impl<B: Backend> SqlStore<B> {
             // The workflow as its schedule defines it now.
             let spec = match &task.schedule_id {
                 Some(id) => b
-                    .fetch(&mut tx, &b.sql().get_schedule, args![id])
+                    .fetch(tx, &b.sql().get_schedule, args![id])
                     .await?
                     .first()
                     .map(decode::schedule)
@@ -507,19 +628,13 @@ impl<B: Backend> SqlStore<B> {
         };
         let mut transition = taskmesh_core::apply(&task, &event, now)?;
         // The row is locked: the compare-and-set cannot miss.
-        if !write_transition(b, &mut tx, task.version, &mut transition).await? {
+        if !write_transition(b, tx, task.version, &mut transition).await? {
             return Err(Error::Conflict(format!("task {id}")));
         }
-        insert_workflow(b, &mut tx, &workflow, "").await?;
+        insert_workflow(b, tx, &workflow, "").await?;
         let records: Vec<TaskRecord> = steps.into_iter().map(|t| t.into_record(now)).collect();
         let rows: Vec<(&TaskRecord, &str)> = records.iter().map(|t| (t, "")).collect();
-        insert_rows(b, &mut tx, &rows).await??;
-        b.commit(tx).await?;
-        let changes: Vec<TaskChange> = std::iter::once(&transition.task)
-            .chain(&records)
-            .map(TaskChange::of)
-            .collect();
-        self.publish(&changes, &[]);
+        insert_rows(b, tx, &rows).await??;
         Ok((
             transition.task,
             WorkflowRecord {
@@ -663,14 +778,14 @@ impl<B: Backend> SqlStore<B> {
     ) -> Result<(WorkflowRecord, Vec<TaskRecord>, u32)> {
         let b = self.backend();
         let mut workflow = lock_workflow_row(b, tx, id).await?;
-        // Before the steps are locked (a refusal holds no step's row).
         // A schedule's workflow run ends with the workflow it was spread
         // into: the workflow is started again by retrying the run, which
-        // retrying the workflow would leave ended.
+        // retrying the workflow would leave ended. Read, not locked (what
+        // a task is and when it was spread do not change under a retry).
         if let Some(parent) = &workflow.parent_task_id
-            && lock_task(b, tx, parent)
+            && read_task(b, tx, parent)
                 .await?
-                .is_some_and(|t| t.runs_workflow)
+                .is_some_and(|t| t.runs_workflow && t.times.running == Some(workflow.created_at))
         {
             return Err(Error::FailedPrecondition(format!(
                 "this workflow is the run of a schedule (task {parent}); retry that task (RetryTask) to start the workflow again"
