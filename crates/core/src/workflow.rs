@@ -618,7 +618,7 @@ pub fn advance(steps: &[TaskRecord], policy: FailurePolicy, cancelled: bool) -> 
             // releases those whose parents these cancels end.
             for t in steps.iter().filter(|t| after_end(t) && is_waiting(t)) {
                 let done = parents(t).iter().all(|p| ends.contains_key(p));
-                if done && !out.release.contains(&t.id) {
+                if done && !out.release.contains(&t.id) && !already.contains(&t.id) {
                     match too_large(t, &sizes) {
                         None => out.release.push(t.id.clone()),
                         Some(why) => out.cancel.push((t.id.clone(), why)),
@@ -763,7 +763,8 @@ pub fn retry(steps: &[TaskRecord]) -> Vec<(String, crate::Event)> {
 }
 
 /// Why RetryWorkflow must wait, if it must: the `on_failure` step is
-/// running (it handles the failure being retried).
+/// running (it handles the failure being retried), or a step run after its
+/// parents end is (it was given their ends).
 pub fn retry_blocked(steps: &[TaskRecord]) -> Option<String> {
     if let Some(parent) = steps
         .first()
@@ -772,6 +773,19 @@ pub fn retry_blocked(steps: &[TaskRecord]) -> Option<String> {
     {
         return Some(format!(
             "this workflow holds the shards of broadcast task {parent}; retry that task (RetryTask) to spread it again"
+        ));
+    }
+    // A step run after its parents end, released and not ended, has been
+    // given their ends: re-running a parent under it would hand it a
+    // parent that has not ended.
+    if let Some(j) = steps
+        .iter()
+        .find(|t| after_end(t) && !t.state.is_terminal() && !is_waiting(t))
+    {
+        let name = j.workflow.as_ref().map_or("", |w| w.step.as_str());
+        return Some(format!(
+            "step {name:?} runs after its parents end and is {}; retry once it has ended",
+            j.state
         ));
     }
     let h = steps

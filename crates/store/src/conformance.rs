@@ -95,6 +95,7 @@ macro_rules! store_conformance_suite {
             rerun_opens_an_ended_task_once_more,
             concurrency_keys_cap_claims,
             a_full_key_does_not_block_the_tasks_behind_it,
+            waiting_keys_are_claimed_round_robin,
             a_diamond_workflow_releases_each_step_once_with_its_parents_outputs,
             a_failed_step_follows_the_workflow_policy_and_cancel_stops_the_rest,
             an_ended_workflow_ages_out_whole,
@@ -277,7 +278,7 @@ pub use cluster::{
 };
 pub use concurrency::{
     a_full_key_does_not_block_the_tasks_behind_it, concurrency_keys_cap_claims,
-    two_replicas_never_exceed_a_concurrency_limit,
+    two_replicas_never_exceed_a_concurrency_limit, waiting_keys_are_claimed_round_robin,
 };
 pub use create_list::{
     children_are_listed_by_parent, concurrent_idempotent_creates, idempotent_create,

@@ -557,6 +557,10 @@ fn a_join_after_its_parents_end_runs_after_a_failure_under_either_policy() {
             TaskState::Ready,
             "{policy:?}: the join runs once every parent has ended"
         );
+        assert!(
+            retry_blocked(&steps).is_some_and(|m| m.contains("\"join\"")),
+            "no parent re-runs under a released join"
+        );
         if policy == FailurePolicy::ContinueIndependent {
             assert!(is_waiting(&steps[4]), "d waits for the join");
         } else {

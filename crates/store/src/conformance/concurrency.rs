@@ -150,6 +150,78 @@ pub async fn a_full_key_does_not_block_the_tasks_behind_it(fixture: &dyn StoreFi
     assert_eq!(ids, want, "past 599 held-back tasks of the full key");
 }
 
+/// Waiting keys are claimed round robin: a claim with less room than
+/// candidates takes one task of each key (and those without a key) before
+/// a second of any, though one key's tasks are all older; then fills what
+/// is left in order.
+pub async fn waiting_keys_are_claimed_round_robin(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    // Claimed in id order: six of "a", then three of "b", then one without.
+    for i in 0..10 {
+        let task = match i {
+            0..6 => keyed("rr", "a", 10),
+            6..9 => keyed("rr", "b", 10),
+            _ => new_task("rr"),
+        };
+        create(
+            store,
+            NewTask {
+                id: format!("rr-{i:02}"),
+                ..task
+            },
+            T0,
+        )
+        .await;
+    }
+    let got = claim(store, "rr", 4).await;
+    assert_eq!(
+        keys_of(&got),
+        ["-", "a", "a", "b"],
+        "one of each, then a's next"
+    );
+    let mut ids: Vec<&str> = got.iter().map(|t| t.id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        ["rr-00", "rr-01", "rr-06", "rr-09"],
+        "each key's oldest first"
+    );
+    let next = claim(store, "rr", 2).await;
+    assert_eq!(keys_of(&next), ["a", "b"], "one of each again");
+    let rest = claim(store, "rr", 10).await;
+    assert_eq!(keys_of(&rest), ["a", "a", "a", "b"]);
+
+    // A full key between two tasks of one key: the claim still takes both
+    // (the second pass reads what the first left out with the picked key).
+    let ids = ["rq-00", "rq-01", "rq-02", "rq-03"];
+    for (id, key, limit) in [
+        (ids[0], "f", 1),
+        (ids[1], "a", 10),
+        (ids[2], "f", 1),
+        (ids[3], "a", 10),
+    ] {
+        create(
+            store,
+            NewTask {
+                id: id.into(),
+                ..keyed("rq", key, limit)
+            },
+            T0,
+        )
+        .await;
+    }
+    assert_eq!(
+        keys_of(&claim(store, "rq", 1).await),
+        ["f"],
+        "f is full now"
+    );
+    let got = claim(store, "rq", 2).await;
+    let mut got: Vec<&str> = got.iter().map(|t| t.id.as_str()).collect();
+    got.sort_unstable();
+    assert_eq!(got, [ids[1], ids[3]]);
+}
+
 /// Two replicas claiming one key at once never have more than its limit in
 /// flight together, and between them fill it.
 pub async fn two_replicas_never_exceed_a_concurrency_limit(fixture: &dyn StoreFixture) {

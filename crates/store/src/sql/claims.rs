@@ -29,8 +29,19 @@
 //! after it leave out the keys found full (up to [`LADDER`]`[0]` of them),
 //! so a long queue of one key does not hide the tasks of others behind it.
 //! A key held by another claim counts as full in this one.
+//!
+//! Round robin among waiting keys: a first pass takes at most one task of
+//! each key (a key it already took is passed over, and left out of its
+//! next reads as a full one is), so a key's long queue does not take a
+//! claim's whole room; when it passed some over and room is left, a
+//! second pass from the start fills it in index order (the first pass's
+//! picks, still READY until the batch is written, are skipped by id).
+//! Tasks without a key are taken in index order in both. A claim without
+//! keyed candidates runs one pass, as before; one with them may read up to
+//! twice the scan (each pass has the budgets above). The rotation is per
+//! claim: each claim starts again from each key's oldest task.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use taskmesh_core::{Concurrency, Event, TaskRecord, UnixMillis};
 
@@ -49,6 +60,11 @@ struct Keys {
     in_flight: HashMap<String, Option<u32>>,
     /// Keys found full, in the order found: the next reads leave them out.
     full: Vec<String>,
+    /// Keys this claim took a task of, in the order taken: the first pass
+    /// takes one task per key, and its next reads leave them out.
+    picked: Vec<String>,
+    /// The same keys, to look up.
+    picked_set: HashSet<String>,
 }
 
 impl Keys {
@@ -81,6 +97,26 @@ impl Keys {
         if let Some(Some(n)) = self.in_flight.get_mut(&c.key) {
             *n += 1;
         }
+        if self.picked_set.insert(c.key.clone()) {
+            self.picked.push(c.key.clone());
+        }
+    }
+
+    /// The keys the next read leaves out: the full ones, and in the first
+    /// pass those already picked (at most the ladder's largest size; a
+    /// task of a key past it is read and passed over here instead).
+    fn left_out(&self, one_each: bool) -> Vec<String> {
+        let picked = self.picked.iter().filter(|_| one_each);
+        let mut out: Vec<String> = Vec::new();
+        for k in self.full.iter().chain(picked) {
+            if out.len() == LADDER[0] {
+                break;
+            }
+            if !out.contains(k) {
+                out.push(k.clone());
+            }
+        }
+        out
     }
 }
 
@@ -144,85 +180,110 @@ impl<B: Backend> SqlStore<B> {
         let sql = b.sql();
         let scan = crate::claim_scan(limit);
         let mut tx = b.begin_write().await?;
-        let mut seen = 0usize;
-        let mut cursor: Option<(i32, String)> = None;
         let mut batch = Batch::default();
         let mut claimed = 0usize;
-        let mut want = limit;
         let mut keys = Keys::default();
-        // Candidates held back by their key: as many again as the scan.
-        let mut held = 0usize;
-        'scan: while claimed < limit && seen < scan {
-            let take = want.min(scan - seen);
-            let rows = match &cursor {
-                None => {
-                    b.fetch(
-                        &mut tx,
-                        &sql.claim_first,
-                        args![namespace, handler, sql_limit(take)],
-                    )
-                    .await?
-                }
-                Some((priority, id)) if keys.full.is_empty() => {
-                    let values = args![
-                        namespace,
-                        handler,
-                        *priority,
-                        *priority,
-                        id,
-                        sql_limit(take)
-                    ];
-                    b.fetch(&mut tx, &sql.claim_after, values).await?
-                }
-                Some((priority, id)) => {
-                    // One list: `full` holds at most the ladder's largest size.
-                    let except = in_lists(&keys.full).swap_remove(0);
-                    let n = except.len();
-                    let mut values = args![namespace, handler, *priority, *priority, id];
-                    values.extend(except.into_iter().map(Val::from));
-                    values.push(sql_limit(take).into());
-                    b.fetch(&mut tx, sql.claim_after_except.get(n), values)
+        // Round robin among keys: the first pass takes one task per key
+        // (a key already picked is passed over, and left out of the next
+        // reads); when it passed some over and room is left, a second pass
+        // from the start fills it in index order. Tasks without a key are
+        // taken in both, in index order.
+        let mut one_each = true;
+        // Whether the first pass passed over a picked key's task, or read
+        // past one with the key left out: the second pass is due then.
+        let mut passed_over = false;
+        loop {
+            let mut seen = 0usize;
+            let mut cursor: Option<(i32, String)> = None;
+            let mut want = limit - claimed;
+            // Candidates held back by their key: as many again as the scan.
+            let mut held = 0usize;
+            'scan: while claimed < limit && seen < scan {
+                let take = want.min(scan - seen);
+                let except = keys.left_out(one_each);
+                passed_over |= one_each && cursor.is_some() && !keys.picked.is_empty();
+                let rows = match &cursor {
+                    None => {
+                        b.fetch(
+                            &mut tx,
+                            &sql.claim_first,
+                            args![namespace, handler, sql_limit(take)],
+                        )
                         .await?
-                }
-            };
-            let exhausted = rows.len() < take;
-            for row in &rows {
-                let task = decode::task(row)?;
-                cursor = Some((task.priority, task.id.clone()));
-                if claimed == limit {
-                    break 'scan;
-                }
-                // Held back by its key: counted against its own budget.
-                if let Some(c) = &task.concurrency
-                    && !keys.has_room(b, &mut tx, namespace, c).await?
-                {
-                    held += 1;
-                    if held == scan {
+                    }
+                    Some((priority, id)) if except.is_empty() => {
+                        let values = args![
+                            namespace,
+                            handler,
+                            *priority,
+                            *priority,
+                            id,
+                            sql_limit(take)
+                        ];
+                        b.fetch(&mut tx, &sql.claim_after, values).await?
+                    }
+                    Some((priority, id)) => {
+                        // One list: `except` holds at most the ladder's
+                        // largest size; padded to a ladder size.
+                        let except = in_lists(&except).swap_remove(0);
+                        let n = except.len();
+                        let mut values = args![namespace, handler, *priority, *priority, id];
+                        values.extend(except.into_iter().map(Val::from));
+                        values.push(sql_limit(take).into());
+                        b.fetch(&mut tx, sql.claim_after_except.get(n), values)
+                            .await?
+                    }
+                };
+                let exhausted = rows.len() < take;
+                for row in &rows {
+                    let task = decode::task(row)?;
+                    cursor = Some((task.priority, task.id.clone()));
+                    if claimed == limit {
                         break 'scan;
                     }
-                    continue;
-                }
-                seen += 1;
-                let Some(claim) = chooser(&task) else {
-                    continue;
-                };
-                let event = Event::from(claim);
-                match batch.apply(&task, &event, now) {
-                    Ok(_) => {
-                        claimed += 1;
-                        if let Some(c) = &task.concurrency {
-                            keys.took(c);
+                    // The second pass reads the first's picks again.
+                    if !one_each && batch.current(&task.id).is_some() {
+                        continue;
+                    }
+                    if let Some(c) = &task.concurrency {
+                        // Passed over (first pass) or held back by its
+                        // key: counted against a budget of their own.
+                        let again = one_each && keys.picked_set.contains(&c.key);
+                        passed_over |= again;
+                        if again || !keys.has_room(b, &mut tx, namespace, c).await? {
+                            held += 1;
+                            if held == scan {
+                                break 'scan;
+                            }
+                            continue;
                         }
                     }
-                    Err(err) => {
-                        tracing::warn!(task_id = %task.id, error = %err, "READY task refused dispatch");
+                    seen += 1;
+                    let Some(claim) = chooser(&task) else {
+                        continue;
+                    };
+                    let event = Event::from(claim);
+                    match batch.apply(&task, &event, now) {
+                        Ok(_) => {
+                            claimed += 1;
+                            if let Some(c) = &task.concurrency {
+                                keys.took(c);
+                            }
+                        }
+                        Err(err) => {
+                            tracing::warn!(task_id = %task.id, error = %err, "READY task refused dispatch");
+                        }
                     }
                 }
+                if exhausted {
+                    break;
+                }
+                want = want.saturating_mul(2);
             }
-            if exhausted {
+            if !(one_each && passed_over && claimed < limit) {
                 break;
             }
-            want = want.saturating_mul(2);
+            one_each = false;
         }
         if batch.is_empty() {
             b.commit(tx).await?;
