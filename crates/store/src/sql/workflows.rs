@@ -556,18 +556,34 @@ impl<B: Backend> SqlStore<B> {
     ) -> Result<(TaskRecord, WorkflowRecord)> {
         let b = self.backend();
         let mut tx = b.begin_write().await?;
-        match self.spread_in(&mut tx, id, shards, now, fence).await {
-            Ok((task, workflow)) => {
+        // Refused: the task's row is let go at once (the caller may write
+        // its cancel next).
+        let done = self.spread_in(&mut tx, id, shards, now, fence).await;
+        self.settle(tx, done, |(task, workflow)| {
+            std::iter::once(task).chain(&workflow.steps).collect()
+        })
+        .await
+    }
+
+    /// Commits `tx` and publishes the changes `changed` lists when `done`
+    /// is its work done; rolls it back at once when it was refused, so the
+    /// rows it locked are not held until the dropped transaction's rollback
+    /// runs (a claim would skip them meanwhile).
+    async fn settle<T>(
+        &self,
+        tx: B::Tx,
+        done: Result<T>,
+        changed: impl FnOnce(&T) -> Vec<&TaskRecord>,
+    ) -> Result<T> {
+        let b = self.backend();
+        match done {
+            Ok(out) => {
                 b.commit(tx).await?;
-                let changes: Vec<TaskChange> = std::iter::once(&task)
-                    .chain(&workflow.steps)
-                    .map(TaskChange::of)
-                    .collect();
+                let changes: Vec<TaskChange> =
+                    changed(&out).into_iter().map(TaskChange::of).collect();
                 self.publish(&changes, &[]);
-                Ok((task, workflow))
+                Ok(out)
             }
-            // Refused: the task's row is let go at once (the caller may
-            // write its cancel next).
             Err(err) => {
                 b.rollback(tx).await;
                 Err(err)
@@ -744,9 +760,8 @@ impl<B: Backend> SqlStore<B> {
         rows.iter().map(decode::workflow_row).collect()
     }
 
-    /// `Store::retry_workflow`. A refusal rolls back at once: the rows
-    /// it locked are not held until the dropped transaction's rollback
-    /// runs (a claim would skip the workflow's steps meanwhile).
+    /// `Store::retry_workflow`. A refusal rolls back at once
+    /// ([`Self::settle`]).
     pub(super) async fn retry_workflow_sql(
         &self,
         id: &str,
@@ -754,18 +769,11 @@ impl<B: Backend> SqlStore<B> {
     ) -> Result<(WorkflowRecord, u32)> {
         let b = self.backend();
         let mut tx = b.begin_write().await?;
-        match self.retry_workflow_in(&mut tx, id, now).await {
-            Ok((workflow, changed, n)) => {
-                b.commit(tx).await?;
-                let changes: Vec<TaskChange> = changed.iter().map(TaskChange::of).collect();
-                self.publish(&changes, &[]);
-                Ok((workflow, n))
-            }
-            Err(err) => {
-                b.rollback(tx).await;
-                Err(err)
-            }
-        }
+        let done = self.retry_workflow_in(&mut tx, id, now).await;
+        let (workflow, _, n) = self
+            .settle(tx, done, |(_, changed, _)| changed.iter().collect())
+            .await?;
+        Ok((workflow, n))
     }
 
     /// [`Self::retry_workflow_sql`] inside `tx`: the workflow, the steps
