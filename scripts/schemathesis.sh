@@ -82,9 +82,36 @@ expected-statuses = ["2XX", "400", "401", "403", "404", "409", "429"]
 # And a body past the server's size limit (4 MiB: say 10,001 steps with
 # long dependency lists, which the coverage phase sends to break maxItems)
 # is refused before it is read, with 413.
+#
+# A schedule's template may be such a workflow (Schedule.workflow), so the
+# same holds for creating, replacing and previewing a schedule.
 [[operations]]
 include-path = "/api/workflows"
 include-method = "POST"
+[operations.checks.positive_data_acceptance]
+expected-statuses = ["2XX", "400", "401", "403", "404", "409", "429"]
+[operations.checks.negative_data_rejection]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5XX"]
+
+[[operations]]
+include-path = "/api/schedules"
+include-method = "POST"
+[operations.checks.positive_data_acceptance]
+expected-statuses = ["2XX", "400", "401", "403", "404", "409", "429"]
+[operations.checks.negative_data_rejection]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5XX"]
+
+[[operations]]
+include-path = "/api/schedules:preview"
+include-method = "POST"
+[operations.checks.positive_data_acceptance]
+expected-statuses = ["2XX", "400", "401", "403", "404", "409", "429"]
+[operations.checks.negative_data_rejection]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5XX"]
+
+[[operations]]
+include-path = "/api/schedules/{schedule_id}"
+include-method = "PUT"
 [operations.checks.positive_data_acceptance]
 expected-statuses = ["2XX", "400", "401", "403", "404", "409", "429"]
 [operations.checks.negative_data_rejection]
