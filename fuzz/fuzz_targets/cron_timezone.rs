@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let timetable = Timetable::Cron {
-        cron: Box::new(cron),
+        cron: std::sync::Arc::new(cron),
         tz,
     };
     let mut at = after;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     UnixMillis,
     task::{NewTask, RetryPolicy, Strategy},
-    timetable::{Timetable, parse_cron, parse_zone},
+    timetable::{Timetable, cached_cron, parse_zone},
     workflow::WorkflowSpec,
 };
 
@@ -206,7 +206,7 @@ impl ScheduleRecord {
         let tz = parse_zone(&self.time_zone)?;
         match self.kind {
             ScheduleKind::Cron => Ok(Timetable::Cron {
-                cron: Box::new(parse_cron(&self.cron_expression)?),
+                cron: cached_cron(&self.cron_expression)?,
                 tz,
             }),
             ScheduleKind::FixedRate | ScheduleKind::FixedDelay => {

@@ -12,7 +12,9 @@
 //! Fire times never come earlier than asked: `next_after(t)` is strictly
 //! after `t`.
 
+use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, TimeZone, Utc};
 use chrono_tz::Tz;
@@ -35,8 +37,8 @@ const MAX_STEPS: usize = 100_000;
 pub enum Timetable {
     /// A cron expression read in a time zone.
     Cron {
-        /// The parsed expression.
-        cron: Box<Cron>,
+        /// The parsed expression (shared: see [`cached_cron`]).
+        cron: Arc<Cron>,
         /// The zone its fields are read in.
         tz: Tz,
     },
@@ -94,6 +96,32 @@ pub fn parse_cron(expr: &str) -> Result<Cron, String> {
         .build()
         .parse(expr)
         .map_err(|e| format!("cron_expression {expr:?} is invalid: {e}"))
+}
+
+/// Most parsed expressions [`cached_cron`] keeps; past it the cache starts
+/// over (a fleet has far fewer distinct expressions than schedules).
+const CRON_CACHE_LEN: usize = 16_384;
+
+/// Parsed cron expressions by their text.
+static CRON_CACHE: LazyLock<Mutex<HashMap<String, Arc<Cron>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// [`parse_cron`], remembered: the scheduler plans every due schedule in
+/// each round, and parsing an expression costs several times finding its
+/// next fire (`cargo bench -p taskmesh-core --bench fires`). Only
+/// expressions that parse are kept, at most [`CRON_CACHE_LEN`].
+pub fn cached_cron(expr: &str) -> Result<Arc<Cron>, String> {
+    let cache = || CRON_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(cron) = cache().get(expr) {
+        return Ok(cron.clone());
+    }
+    let cron = Arc::new(parse_cron(expr)?);
+    let mut cache = cache();
+    if cache.len() >= CRON_CACHE_LEN {
+        cache.clear();
+    }
+    cache.insert(expr.to_owned(), cron.clone());
+    Ok(cron)
 }
 
 impl Timetable {

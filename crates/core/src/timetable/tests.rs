@@ -21,7 +21,7 @@ fn show(tz: Tz, ms: UnixMillis) -> String {
 fn fires(expr: &str, zone: &str, from: UnixMillis, n: usize) -> Vec<String> {
     let tz = parse_zone(zone).unwrap();
     let tt = Timetable::Cron {
-        cron: Box::new(parse_cron(expr).unwrap()),
+        cron: std::sync::Arc::new(parse_cron(expr).unwrap()),
         tz,
     };
     let mut out = Vec::new();
@@ -135,7 +135,7 @@ fn seconds_field_and_never_early() {
     let from = utc(2026, 1, 1, 0, 0, 0) + 250;
     let tz = parse_zone("").unwrap();
     let tt = Timetable::Cron {
-        cron: Box::new(parse_cron("* * * * * *").unwrap()),
+        cron: std::sync::Arc::new(parse_cron("* * * * * *").unwrap()),
         tz,
     };
     assert_eq!(tt.next_after(from), Some(utc(2026, 1, 1, 0, 0, 1)));
@@ -181,8 +181,32 @@ fn bad_expressions_and_zones_are_refused() {
     assert_eq!(parse_zone("").unwrap(), Tz::UTC);
     // Parses, but never fires: the search gives up instead of looping.
     let tt = Timetable::Cron {
-        cron: Box::new(parse_cron("0 0 30 2 *").unwrap()),
+        cron: std::sync::Arc::new(parse_cron("0 0 30 2 *").unwrap()),
         tz: Tz::UTC,
     };
     assert_eq!(tt.next_after(0), None);
+}
+
+#[test]
+fn cached_cron_parses_once_per_text_and_keeps_no_error() {
+    let a = cached_cron("17 3 * * * *").unwrap();
+    let b = cached_cron("17 3 * * * *").unwrap();
+    assert!(
+        std::sync::Arc::ptr_eq(&a, &b),
+        "the second look-up is the first parse"
+    );
+    let c = cached_cron("17 4 * * * *").unwrap();
+    assert!(!std::sync::Arc::ptr_eq(&a, &c));
+    for _ in 0..2 {
+        let err = cached_cron("61 * * * *").unwrap_err();
+        assert!(err.contains("\"61 * * * *\""), "{err}");
+    }
+    let tt = Timetable::Cron {
+        cron: a,
+        tz: Tz::UTC,
+    };
+    assert_eq!(
+        tt.next_after(utc(2026, 1, 1, 0, 0, 0)),
+        Some(utc(2026, 1, 1, 0, 3, 17))
+    );
 }
