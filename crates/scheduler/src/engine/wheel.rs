@@ -7,8 +7,14 @@
 //! the horizon), and the store's task and schedule change streams for
 //! everything created, moved or deleted in between. A lagging change
 //! stream triggers a reload, so no change is lost for longer than a reload.
+//!
+//! A load runs beside the wheel, not in its loop: reading every item due
+//! within the horizon takes a while when there are many (~0.4 s for the
+//! ~20,000 of 100,000 mixed schedules due within a minute), and a wheel
+//! waiting for it fired nothing meanwhile. An item changed while a load
+//! was in flight keeps what the change said: the load read it earlier.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +23,7 @@ use futures::{FutureExt, StreamExt};
 use taskmesh_core::{Clock, UnixMillis};
 use taskmesh_store::{ScheduleChange, Store, TaskChange};
 use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 use tracing::{debug, warn};
@@ -32,6 +39,16 @@ enum Item {
     Schedule(String),
 }
 
+/// What a load read: every item due within the horizon, with its instant.
+type Loaded = Vec<(Item, Option<UnixMillis>)>;
+
+/// A load in flight: its answer (`None` when the store failed), and the
+/// items changed since it started.
+struct Loading {
+    answer: oneshot::Receiver<Option<Loaded>>,
+    changed: HashSet<Item>,
+}
+
 /// The timing-wheel engine.
 pub struct WheelEngine {
     store: Arc<dyn Store>,
@@ -43,6 +60,7 @@ pub struct WheelEngine {
     tasks: broadcast::Receiver<TaskChange>,
     schedules: broadcast::Receiver<ScheduleChange>,
     next_reload: Instant,
+    loading: Option<Loading>,
 }
 
 impl WheelEngine {
@@ -61,6 +79,7 @@ impl WheelEngine {
             tasks,
             schedules,
             next_reload: Instant::now(),
+            loading: None,
         }
     }
 
@@ -95,33 +114,69 @@ impl WheelEngine {
         }
     }
 
-    async fn reload(&mut self) {
+    /// A change from the store's streams: newer than a load in flight.
+    fn changed(&mut self, item: Item, at: Option<UnixMillis>) {
+        if let Some(loading) = &mut self.loading {
+            loading.changed.insert(item.clone());
+        }
+        self.upsert(item, at);
+    }
+
+    /// Starts a load of everything due within the horizon, beside the wheel.
+    fn start_reload(&mut self) {
         let until = self.clock.now_millis() + self.horizon_ms;
         self.next_reload = Instant::now() + self.reload_every;
-        let tasks = match self.store.due_tasks(until, LOAD_LIMIT).await {
-            Ok(t) => t,
-            Err(err) => {
-                warn!(error = %err, "timing wheel could not load tasks");
-                self.next_reload = Instant::now() + Duration::from_secs(1);
-                return;
-            }
+        let (tx, answer) = oneshot::channel();
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(load(store.as_ref(), until).await);
+        });
+        self.loading = Some(Loading {
+            answer,
+            changed: HashSet::new(),
+        });
+    }
+
+    /// Takes in a load's answer, but for the items changed since it started.
+    fn reloaded(&mut self, answer: Option<Loaded>, changed: HashSet<Item>) {
+        let Some(items) = answer else {
+            self.next_reload = Instant::now() + Duration::from_secs(1);
+            return;
         };
-        let schedules = match self.store.due_schedules(until, LOAD_LIMIT).await {
-            Ok(s) => s,
-            Err(err) => {
-                warn!(error = %err, "timing wheel could not load schedules");
-                self.next_reload = Instant::now() + Duration::from_secs(1);
-                return;
+        for (item, at) in items {
+            if !changed.contains(&item) {
+                self.upsert(item, at);
             }
-        };
-        for t in tasks {
-            self.upsert(Item::Task(t.id), t.next_at);
-        }
-        for s in schedules {
-            self.upsert(Item::Schedule(s.id), s.next_fire_at);
         }
         debug!(items = self.keys.len(), "timing wheel loaded");
     }
+}
+
+/// Reads every task and schedule due before `until` (at most
+/// [`LOAD_LIMIT`] of each); `None` when the store failed (logged).
+async fn load(store: &dyn Store, until: UnixMillis) -> Option<Loaded> {
+    let tasks = match store.due_tasks(until, LOAD_LIMIT).await {
+        Ok(t) => t,
+        Err(err) => {
+            warn!(error = %err, "timing wheel could not load tasks");
+            return None;
+        }
+    };
+    let schedules = match store.due_schedules(until, LOAD_LIMIT).await {
+        Ok(s) => s,
+        Err(err) => {
+            warn!(error = %err, "timing wheel could not load schedules");
+            return None;
+        }
+    };
+    let mut items = Vec::with_capacity(tasks.len() + schedules.len());
+    items.extend(tasks.into_iter().map(|t| (Item::Task(t.id), t.next_at)));
+    items.extend(
+        schedules
+            .into_iter()
+            .map(|s| (Item::Schedule(s.id), s.next_fire_at)),
+    );
+    Some(items)
 }
 
 fn delay(now: UnixMillis, at: UnixMillis) -> Duration {
@@ -136,15 +191,23 @@ impl TriggerEngine for WheelEngine {
 
     async fn next_wake(&mut self) {
         loop {
-            if Instant::now() >= self.next_reload {
-                self.reload().await;
+            if self.loading.is_none() && Instant::now() >= self.next_reload {
+                self.start_reload();
             }
+            let idle = self.loading.is_none();
+            let loading = &mut self.loading;
+            let loaded = async move {
+                match loading {
+                    Some(l) => (&mut l.answer).await.ok().flatten(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 // Changes first: an item the last round handled is removed
                 // before its timer can wake a round for nothing.
                 biased;
                 change = self.tasks.recv() => match change {
-                    Ok(c) => self.upsert(Item::Task(c.task_id), c.next_at),
+                    Ok(c) => self.changed(Item::Task(c.task_id), c.next_at),
                     Err(RecvError::Lagged(n)) => {
                         debug!(missed = n, "timing wheel lagged behind task changes; reloading");
                         self.next_reload = Instant::now();
@@ -152,7 +215,7 @@ impl TriggerEngine for WheelEngine {
                     Err(RecvError::Closed) => self.tasks = self.store.subscribe(),
                 },
                 change = self.schedules.recv() => match change {
-                    Ok(c) => self.upsert(Item::Schedule(c.schedule_id), c.next_fire_at),
+                    Ok(c) => self.changed(Item::Schedule(c.schedule_id), c.next_fire_at),
                     Err(RecvError::Lagged(n)) => {
                         debug!(missed = n, "timing wheel lagged behind schedule changes; reloading");
                         self.next_reload = Instant::now();
@@ -176,7 +239,12 @@ impl TriggerEngine for WheelEngine {
                     }
                     return;
                 }
-                _ = tokio::time::sleep_until(self.next_reload) => {}
+                answer = loaded => {
+                    if let Some(Loading { changed, .. }) = self.loading.take() {
+                        self.reloaded(answer, changed);
+                    }
+                }
+                _ = tokio::time::sleep_until(self.next_reload), if idle => {}
             }
         }
     }
