@@ -239,6 +239,11 @@ impl Quotas {
         ready.estimate = counts;
     }
 
+    /// True when a namespace's schedules are counted (a limit is set).
+    pub fn limits_schedules(&self) -> bool {
+        self.opts.max_schedules > 0
+    }
+
     /// Checks that `namespace`, holding `existing` schedules, may have
     /// one more.
     pub fn admit_schedule(&self, namespace: &str, existing: u64) -> Result<(), Error> {
