@@ -1,29 +1,69 @@
-//! `--scenario cron`: fire lateness. Many schedules fire every second on an
-//! in-process node (SQLite in a temporary directory, an in-process worker
-//! running `echo`), once per trigger engine. For every fire it measures
-//! handled − scheduled (the scheduler's own lateness) and dispatched −
-//! scheduled (until the task is pushed to a worker), and counts early fires
-//! (which must be zero).
+//! `--scenario cron`: fire lateness. Many schedules fire on an in-process
+//! node (SQLite in a temporary directory, an in-process worker running
+//! `echo`), once per trigger engine: all every second at the same instants
+//! (`--cadence every-second`, the burst), or spread over cadences from every
+//! second to hourly at staggered instants (`--cadence mixed`, a large fleet
+//! of schedules loaded, most of them idle at any moment). For every fire in
+//! the measured window it measures handled − scheduled (the scheduler's own
+//! lateness) and dispatched − scheduled (until the task is pushed to a
+//! worker), and counts early fires (which must be zero); with the node in
+//! this process, it reports the process's memory before and after the
+//! schedules are loaded.
 
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
+use futures::{StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use taskmesh::v1 as pb;
+use taskmesh_core::{Clock, SystemClock};
 use taskmesh_scheduler::EngineKind;
 use taskmesh_store::TaskFilter;
 
 use super::Percentiles;
 use crate::node::{self, NodeOptions};
 
+/// How often the scenario's schedules fire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Cadence {
+    /// Every schedule every second, all at the same instants.
+    EverySecond,
+    /// One in 1,000 every second, one in 100 every 10 s, one in 10 every
+    /// minute, the rest every 5 minutes or hourly; each at a second (and
+    /// minute) of its own, so ~0.5 % of the schedules fire per second.
+    Mixed,
+}
+
+impl Cadence {
+    /// The cron expression (6 fields, seconds first) of schedule `i`.
+    fn expression(self, i: u32) -> String {
+        let second = i % 60;
+        match self {
+            Cadence::EverySecond => "* * * * * *".into(),
+            Cadence::Mixed if i.is_multiple_of(1_000) => "* * * * * *".into(),
+            Cadence::Mixed if i.is_multiple_of(100) => format!("{}-59/10 * * * * *", i % 10),
+            Cadence::Mixed if i.is_multiple_of(10) => format!("{second} * * * * *"),
+            Cadence::Mixed if i.is_multiple_of(2) => {
+                format!("{second} {}-59/5 * * * *", (i / 60) % 5)
+            }
+            Cadence::Mixed => format!("{second} {} * * * *", (i / 60) % 60),
+        }
+    }
+}
+
 /// Flags of the cron scenario.
 #[derive(Debug, Args)]
 pub struct CronArgs {
-    /// Schedules firing every second, at the same instants.
+    /// Schedules (every-second: all firing at the same instants).
     #[arg(long, default_value_t = 100)]
     schedules: u32,
-    /// How long they fire, in seconds (fires = schedules × seconds).
+    /// How often they fire.
+    #[arg(long, value_enum, default_value_t = Cadence::EverySecond)]
+    cadence: Cadence,
+    /// How long the fires are measured, in seconds, from when every
+    /// schedule exists (every-second: fires = schedules × seconds).
     #[arg(long, default_value_t = 12)]
     seconds: u64,
     /// Engines to measure, comma-separated.
@@ -43,6 +83,14 @@ pub struct EngineReport {
     pub fires: u64,
     /// Fires handled before their instant (must be 0).
     pub early_fires: u64,
+    /// Seconds it took to create the schedules (through the API).
+    pub load_s: f64,
+    /// This process's resident memory (the node, its worker and the
+    /// bench client), MiB: before the schedules were created, and at the
+    /// end of the window.
+    pub rss_before_mib: f64,
+    /// See `rss_before_mib`.
+    pub rss_after_mib: f64,
     /// Scheduled → handled by the scheduler.
     pub handled: Percentiles,
     /// Scheduled → pushed to a worker.
@@ -54,7 +102,9 @@ pub struct EngineReport {
 pub struct CronReport {
     /// Schedules.
     pub schedules: u32,
-    /// Seconds of firing.
+    /// Their cadence.
+    pub cadence: Cadence,
+    /// Seconds of firing measured (after every schedule exists).
     pub seconds: u64,
     /// One entry per engine.
     pub engines: Vec<EngineReport>,
@@ -70,6 +120,7 @@ pub async fn run(args: &CronArgs) -> anyhow::Result<CronReport> {
     }
     Ok(CronReport {
         schedules: args.schedules,
+        cadence: args.cadence,
         seconds: args.seconds,
         engines,
     })
@@ -90,41 +141,77 @@ async fn run_engine(args: &CronArgs, kind: EngineKind) -> anyhow::Result<EngineR
     opts.http_addr = ([127, 0, 0, 1], 0).into();
     opts.scheduler.engine = kind;
     opts.scheduler.poll_interval = args.poll_interval;
-    opts.with_worker = Some(256);
+    // Room for every fire of an instant at once (~500 of 100,000 mixed
+    // schedules): a fire waiting for a free slot measures the worker.
+    opts.with_worker = Some(4_096);
+    // A benchmark measures the machine, not the per-namespace quotas
+    // (10,000 schedules, one second between fires).
+    opts.dispatcher.quotas = taskmesh_dispatcher::quota::QuotaOptions::unlimited();
     let node = node::start(opts).await?;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.grpc_addr))?
         .connect()
         .await?;
-    let mut api = pb::task_api_client::TaskApiClient::new(channel);
-    let mut ids = Vec::new();
-    for i in 0..args.schedules {
-        let s = api
-            .create_schedule(pb::CreateScheduleRequest {
-                schedule: Some(pb::Schedule {
-                    name: format!("bench-{i}"),
-                    kind: pb::ScheduleKind::Cron as i32,
-                    cron_expression: "* * * * * *".into(),
-                    template: Some(pb::TaskTemplate {
-                        handler: "echo".into(),
+    let api = pb::task_api_client::TaskApiClient::new(channel);
+    let rss_before = super::fleet::rss_kib(None)?;
+    let loading = std::time::Instant::now();
+    let mut bar = super::load::progress(u64::from(args.schedules), "schedules created");
+    let mut created = 0u64;
+    let ids: Vec<String> = futures::stream::iter(0..args.schedules)
+        .map(|i| {
+            let mut api = api.clone();
+            let cron_expression = args.cadence.expression(i);
+            async move {
+                let s = api
+                    .create_schedule(pb::CreateScheduleRequest {
+                        schedule: Some(pb::Schedule {
+                            name: format!("bench-{i}"),
+                            kind: pb::ScheduleKind::Cron as i32,
+                            cron_expression,
+                            template: Some(pb::TaskTemplate {
+                                handler: "echo".into(),
+                                ..Default::default()
+                            }),
+                            misfire_policy: pb::MisfirePolicy::Skip as i32,
+                            ..Default::default()
+                        }),
                         ..Default::default()
-                    }),
-                    misfire_policy: pb::MisfirePolicy::Skip as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
-        ids.push(s.schedule.map(|s| s.schedule_id).unwrap_or_default());
-    }
-    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
-    for id in &ids {
-        api.pause_schedule(pb::PauseScheduleRequest {
-            schedule_id: id.clone(),
-            ..Default::default()
+                    })
+                    .await?
+                    .into_inner();
+                anyhow::Ok(s.schedule.map(|s| s.schedule_id).unwrap_or_default())
+            }
         })
+        // Creates in flight at once: the store's writer takes them one at
+        // a time; more in flight keep it busy between commits.
+        .buffer_unordered(64)
+        .inspect_ok(|_| {
+            created += 1;
+            bar.set_position(created);
+        })
+        .try_collect()
         .await?;
-    }
+    bar.finish_and_clear();
+    let load_s = loading.elapsed().as_secs_f64();
+    // The window starts once every schedule exists: fires while they were
+    // being created met the creates' writes, which is not what is measured.
+    let from = SystemClock.now_millis();
+    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+    let until = SystemClock.now_millis();
+    let rss_after = super::fleet::rss_kib(None)?;
+    futures::stream::iter(&ids)
+        .map(|id| {
+            let mut api = api.clone();
+            async move {
+                api.pause_schedule(pb::PauseScheduleRequest {
+                    schedule_id: id.clone(),
+                    ..Default::default()
+                })
+                .await
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect::<Vec<_>>()
+        .await?;
 
     // Collect: every fire's handled time, and its task's dispatch time.
     let mut handled = Histogram::<u64>::new(3)?;
@@ -135,6 +222,9 @@ async fn run_engine(args: &CronArgs, kind: EngineKind) -> anyhow::Result<EngineR
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     for id in &ids {
         for f in store.recent_fires(id, 1_000).await? {
+            if f.fire_at < from || f.fire_at >= until {
+                continue;
+            }
             let Some(task_id) = f.task_id else { continue };
             fires += 1;
             let late = f.handled_at - f.fire_at;
@@ -176,6 +266,9 @@ async fn run_engine(args: &CronArgs, kind: EngineKind) -> anyhow::Result<EngineR
         engine: kind.as_str().to_string(),
         fires,
         early_fires: early,
+        load_s,
+        rss_before_mib: rss_before as f64 / 1024.0,
+        rss_after_mib: rss_after as f64 / 1024.0,
         handled: Percentiles::of(&handled),
         dispatched: Percentiles::of(&dispatched),
     })
@@ -183,12 +276,16 @@ async fn run_engine(args: &CronArgs, kind: EngineKind) -> anyhow::Result<EngineR
 
 /// Prints the report as a table.
 pub fn print(r: &CronReport) {
+    let cadence = match r.cadence {
+        Cadence::EverySecond => "firing every second at the same instants",
+        Cadence::Mixed => "of mixed cadence (every second to hourly, staggered)",
+    };
     println!(
-        "cron fire lateness: {} schedules firing every second for {} s (ms after the scheduled instant)",
+        "cron fire lateness: {} schedules {cadence}, {} s measured (ms after the scheduled instant)",
         r.schedules, r.seconds
     );
     println!(
-        "{:<7} {:>6} {:>6}  {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}",
+        "{:<7} {:>6} {:>6}  {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}  {:>7} {:>9} {:>9}",
         "engine",
         "fires",
         "early",
@@ -197,11 +294,14 @@ pub fn print(r: &CronReport) {
         "hand max",
         "disp p50",
         "disp p99",
-        "disp max"
+        "disp max",
+        "load s",
+        "RSS0 MiB",
+        "RSS1 MiB"
     );
     for e in &r.engines {
         println!(
-            "{:<7} {:>6} {:>6}  {:>9.1} {:>9.1} {:>9.1}  {:>9.1} {:>9.1} {:>9.1}",
+            "{:<7} {:>6} {:>6}  {:>9.1} {:>9.1} {:>9.1}  {:>9.1} {:>9.1} {:>9.1}  {:>7.1} {:>9.1} {:>9.1}",
             e.engine,
             e.fires,
             e.early_fires,
@@ -210,9 +310,13 @@ pub fn print(r: &CronReport) {
             e.handled.max_ms,
             e.dispatched.p50_ms,
             e.dispatched.p99_ms,
-            e.dispatched.max_ms
+            e.dispatched.max_ms,
+            e.load_s,
+            e.rss_before_mib,
+            e.rss_after_mib
         );
     }
+    println!("(RSS0: this process before the schedules were created; RSS1: at the window's end)");
 }
 
 fn rand_fraction() -> f64 {
@@ -221,4 +325,28 @@ fn rand_fraction() -> f64 {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     f64::from(nanos % 1_000_000) / 1_000_000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mixed_cadence_expressions_parse_and_spread_over_cadences() {
+        let mut every_second = 0;
+        for i in 0..10_000 {
+            let expr = Cadence::Mixed.expression(i);
+            taskmesh_core::timetable::parse_cron(&expr)
+                .unwrap_or_else(|e| panic!("schedule {i}: {expr:?}: {e}"));
+            if expr == "* * * * * *" {
+                every_second += 1;
+            }
+        }
+        assert_eq!(every_second, 10, "one in 1,000 fires every second");
+        assert_eq!(Cadence::Mixed.expression(10_100), "0-59/10 * * * * *");
+        assert_eq!(Cadence::Mixed.expression(70), "10 * * * * *");
+        assert_eq!(Cadence::Mixed.expression(62), "2 1-59/5 * * * *");
+        assert_eq!(Cadence::Mixed.expression(3_661), "1 1 * * * *");
+        assert_eq!(Cadence::EverySecond.expression(3_661), "* * * * * *");
+    }
 }

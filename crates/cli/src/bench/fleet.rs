@@ -108,7 +108,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<FleetReport> {
 }
 
 /// VmRSS of this process (`None`) or of `pid`, in KiB.
-fn rss_kib(pid: Option<u32>) -> anyhow::Result<u64> {
+pub(super) fn rss_kib(pid: Option<u32>) -> anyhow::Result<u64> {
     let path = match pid {
         None => "/proc/self/status".to_string(),
         Some(p) => format!("/proc/{p}/status"),
