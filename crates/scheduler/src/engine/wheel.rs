@@ -11,8 +11,9 @@
 //! A load runs beside the wheel, not in its loop: reading every item due
 //! within the horizon takes a while when there are many (~0.4 s for the
 //! ~20,000 of 100,000 mixed schedules due within a minute), and a wheel
-//! waiting for it fired nothing meanwhile. An item changed while a load
-//! was in flight keeps what the change said: the load read it earlier.
+//! waiting for it fired nothing meanwhile. An item changed (or fired) while
+//! a load was in flight keeps what the change said, not what the load read;
+//! a later change arrives after the load's answer and is applied after it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -25,13 +26,18 @@ use taskmesh_store::{ScheduleChange, Store, TaskChange};
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 use tokio_util::time::{DelayQueue, delay_queue};
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use super::TriggerEngine;
 
 /// Most items loaded per kind per reload.
 const LOAD_LIMIT: usize = 200_000;
+
+/// Longest a load may take before it counts as failed (and is retried in
+/// a second): a store that hangs must not stop every later reload.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Item {
@@ -42,11 +48,13 @@ enum Item {
 /// What a load read: every item due within the horizon, with its instant.
 type Loaded = Vec<(Item, Option<UnixMillis>)>;
 
-/// A load in flight: its answer (`None` when the store failed), and the
-/// items changed since it started.
+/// A load in flight: its answer (`None` when the store failed or took too
+/// long), the items changed or fired since it started, and its task
+/// (aborted if the engine is dropped first).
 struct Loading {
     answer: oneshot::Receiver<Option<Loaded>>,
-    changed: HashSet<Item>,
+    touched: HashSet<Item>,
+    _task: AbortOnDropHandle<()>,
 }
 
 /// The timing-wheel engine.
@@ -95,6 +103,11 @@ impl WheelEngine {
 
     fn upsert(&mut self, item: Item, at: Option<UnixMillis>) {
         let now = self.clock.now_millis();
+        self.upsert_at(now, item, at);
+    }
+
+    /// [`Self::upsert`] with the clock read by the caller.
+    fn upsert_at(&mut self, now: UnixMillis, item: Item, at: Option<UnixMillis>) {
         let at = at.filter(|at| *at <= now + self.horizon_ms);
         match (self.keys.get(&item).copied(), at) {
             (Some((key, old)), Some(at)) if old != at => {
@@ -115,11 +128,16 @@ impl WheelEngine {
     }
 
     /// A change from the store's streams: newer than a load in flight.
-    fn changed(&mut self, item: Item, at: Option<UnixMillis>) {
-        if let Some(loading) = &mut self.loading {
-            loading.changed.insert(item.clone());
-        }
+    fn apply_change(&mut self, item: Item, at: Option<UnixMillis>) {
+        self.touch(&item);
         self.upsert(item, at);
+    }
+
+    /// Marks `item` as newer than a load in flight (changed, or fired).
+    fn touch(&mut self, item: &Item) {
+        if let Some(loading) = &mut self.loading {
+            loading.touched.insert(item.clone());
+        }
     }
 
     /// Starts a load of everything due within the horizon, beside the wheel.
@@ -128,24 +146,37 @@ impl WheelEngine {
         self.next_reload = Instant::now() + self.reload_every;
         let (tx, answer) = oneshot::channel();
         let store = self.store.clone();
-        tokio::spawn(async move {
-            let _ = tx.send(load(store.as_ref(), until).await);
-        });
+        let task = tokio::spawn(
+            async move {
+                let loaded =
+                    match tokio::time::timeout(LOAD_TIMEOUT, load(store.as_ref(), until)).await {
+                        Ok(loaded) => loaded,
+                        Err(_) => {
+                            warn!(timeout = ?LOAD_TIMEOUT, "timing wheel load took too long");
+                            None
+                        }
+                    };
+                let _ = tx.send(loaded);
+            }
+            .in_current_span(),
+        );
         self.loading = Some(Loading {
             answer,
-            changed: HashSet::new(),
+            touched: HashSet::new(),
+            _task: AbortOnDropHandle::new(task),
         });
     }
 
-    /// Takes in a load's answer, but for the items changed since it started.
-    fn reloaded(&mut self, answer: Option<Loaded>, changed: HashSet<Item>) {
+    /// Takes in a load's answer, but for the items touched since it started.
+    fn take_load(&mut self, answer: Option<Loaded>, touched: &HashSet<Item>) {
         let Some(items) = answer else {
             self.next_reload = Instant::now() + Duration::from_secs(1);
             return;
         };
+        let now = self.clock.now_millis();
         for (item, at) in items {
-            if !changed.contains(&item) {
-                self.upsert(item, at);
+            if !touched.contains(&item) {
+                self.upsert_at(now, item, at);
             }
         }
         debug!(items = self.keys.len(), "timing wheel loaded");
@@ -198,7 +229,7 @@ impl TriggerEngine for WheelEngine {
             let loading = &mut self.loading;
             let loaded = async move {
                 match loading {
-                    Some(l) => (&mut l.answer).await.ok().flatten(),
+                    Some(l) => (&mut l.answer).await,
                     None => std::future::pending().await,
                 }
             };
@@ -207,7 +238,7 @@ impl TriggerEngine for WheelEngine {
                 // before its timer can wake a round for nothing.
                 biased;
                 change = self.tasks.recv() => match change {
-                    Ok(c) => self.changed(Item::Task(c.task_id), c.next_at),
+                    Ok(c) => self.apply_change(Item::Task(c.task_id), c.next_at),
                     Err(RecvError::Lagged(n)) => {
                         debug!(missed = n, "timing wheel lagged behind task changes; reloading");
                         self.next_reload = Instant::now();
@@ -215,7 +246,7 @@ impl TriggerEngine for WheelEngine {
                     Err(RecvError::Closed) => self.tasks = self.store.subscribe(),
                 },
                 change = self.schedules.recv() => match change {
-                    Ok(c) => self.changed(Item::Schedule(c.schedule_id), c.next_fire_at),
+                    Ok(c) => self.apply_change(Item::Schedule(c.schedule_id), c.next_fire_at),
                     Err(RecvError::Lagged(n)) => {
                         debug!(missed = n, "timing wheel lagged behind schedule changes; reloading");
                         self.next_reload = Instant::now();
@@ -233,15 +264,23 @@ impl TriggerEngine for WheelEngine {
                         continue;
                     }
                     // One round handles everything due: drop the other
-                    // entries that are already due too.
+                    // entries that are already due too. A load in flight
+                    // read them before they fired: it must not bring them
+                    // back (their round's change will, if they fire again).
+                    self.touch(&item);
                     while let Some(Some(more)) = self.queue.next().now_or_never() {
                         self.keys.remove(more.get_ref());
+                        self.touch(more.get_ref());
                     }
                     return;
                 }
                 answer = loaded => {
-                    if let Some(Loading { changed, .. }) = self.loading.take() {
-                        self.reloaded(answer, changed);
+                    let answer = answer.unwrap_or_else(|_| {
+                        warn!("timing wheel load ended without an answer (its task failed)");
+                        None
+                    });
+                    if let Some(loading) = self.loading.take() {
+                        self.take_load(answer, &loading.touched);
                     }
                 }
                 _ = tokio::time::sleep_until(self.next_reload), if idle => {}
