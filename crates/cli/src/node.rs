@@ -374,7 +374,7 @@ pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
         // Every live stream re-puts its registry entry within the worker TTL.
         scheduler_opts.registry_grace = redis.worker_ttl;
     }
-    let scheduler = Scheduler::build(
+    let mut scheduler = Scheduler::build(
         scheduler_opts,
         store.clone(),
         coord.clone(),
@@ -395,6 +395,9 @@ pub async fn start(mut opts: NodeOptions) -> anyhow::Result<RunningNode> {
         breakers,
         reaped_rx,
     );
+    // A fired task may be claimed for one of this node's streams in the
+    // fire's own commit (when this node leads and has a free stream).
+    scheduler.dispatch_fires_with(dispatcher.fire_dispatch());
     let dispatch_stats = dispatcher.stats();
     // A single node held every stream: whatever is in flight now was pushed
     // by its previous life and no stream survived. A cluster replica must

@@ -153,6 +153,8 @@ pub struct Dispatcher {
     shared: Shared,
     reaped: mpsc::Receiver<Reaped>,
     pushes: mpsc::UnboundedReceiver<taskmesh_core::TaskRecord>,
+    /// Dispatch at a write: the submitter's, and schedule fires'.
+    at_write: Arc<submitter::AtSubmit>,
 }
 
 impl Dispatcher {
@@ -171,12 +173,12 @@ impl Dispatcher {
         let logs = LogWriter::start(store.clone(), clock.clone(), opts.logs);
         let drained = Arc::new(std::sync::Mutex::new(engine::Drained::default()));
         let (push_tx, pushes) = mpsc::unbounded_channel();
-        let at_submit = submitter::AtSubmit {
+        let at_submit = Arc::new(submitter::AtSubmit {
             registry: registry.clone(),
             drained: drained.clone(),
             ack_timeout: opts.ack_timeout,
             pushes: push_tx,
-        };
+        });
         let authenticator = Arc::new(auth::Authenticator::new(
             store.clone(),
             clock.clone(),
@@ -200,7 +202,7 @@ impl Dispatcher {
                     store.clone(),
                     clock.clone(),
                     1_000,
-                    Some(at_submit),
+                    Some(at_submit.clone()),
                 ),
                 drained,
                 stats: Arc::default(),
@@ -210,7 +212,14 @@ impl Dispatcher {
             },
             reaped,
             pushes,
+            at_write: at_submit,
         }
+    }
+
+    /// Commits schedule fires claiming their tasks for this node's free
+    /// streams at once (`Scheduler::dispatch_fires_with`), as submits do.
+    pub fn fire_dispatch(&self) -> Arc<dyn taskmesh_scheduler::FireDispatch> {
+        self.at_write.clone()
     }
 
     /// Takes back every attempt left in flight by an earlier run of this
@@ -300,6 +309,7 @@ impl Dispatcher {
             shared,
             reaped,
             pushes,
+            at_write: _,
         } = self;
         let opts = shared.opts.clone();
         // Assignment secrets need the cluster key before the first push.

@@ -22,17 +22,18 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use taskmesh_core::{Clock, NewTask, TaskRecord, TaskState};
-use taskmesh_store::{Created, Error, Store};
+use taskmesh_core::{Clock, NewTask, TaskRecord, TaskState, UnixMillis};
+use taskmesh_store::{Claim, Created, Error, FireCommit, FireCommitted, Store};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
 use crate::engine::{Drained, Reservations, lock};
 use crate::registry::Registry;
 
-/// What dispatching at submit needs: the streams, what the engine knows of
-/// READY backlogs, the ACK timeout, and where claimed tasks go to be pushed
-/// (the engine's loop, after the commit).
+/// What dispatching at a write needs (a submit's, or a schedule fire's:
+/// [`taskmesh_scheduler::FireDispatch`]): the streams, what the engine
+/// knows of READY backlogs, the ACK timeout, and where claimed tasks go to
+/// be pushed (the engine's loop, after the commit).
 pub(crate) struct AtSubmit {
     pub(crate) registry: Registry,
     pub(crate) drained: Arc<Mutex<Drained>>,
@@ -41,45 +42,99 @@ pub(crate) struct AtSubmit {
 }
 
 impl AtSubmit {
-    /// Writes `tasks`, each new READY task of a handler without a backlog
-    /// claimed for a free stream of this node; claimed ones are handed to
-    /// the engine to push, reservations not written are given back.
-    async fn create(
-        &self,
-        store: &dyn Store,
-        tasks: Vec<(NewTask, String)>,
-        now: taskmesh_core::UnixMillis,
-    ) -> Result<Vec<Result<Created, Error>>, Error> {
+    /// Reservations for a write at `now`.
+    fn reservations(&self, now: UnixMillis) -> Reservations<'_> {
         let ack_deadline = now.saturating_add(self.ack_timeout.as_millis() as i64);
-        let mut reservations = Reservations::new(&self.registry, ack_deadline);
-        let mut chooser = |task: &TaskRecord| {
-            // A handler with a backlog is the engine's: no overtaking.
-            if !lock(&self.drained).is_empty(&task.namespace, &task.handler) {
-                return None;
-            }
-            reservations.choose(task)
-        };
-        let result = store
-            .create_tasks_dispatching(tasks, now, &mut chooser)
-            .await;
-        if reservations.chosen.is_empty() {
-            return result;
+        Reservations::new(&self.registry, ack_deadline)
+    }
+
+    /// The chooser's answer for a new READY `task`: a free stream of this
+    /// node, unless its handler has a backlog (the engine's: a new task
+    /// never overtakes older READY ones).
+    fn choose(&self, reservations: &mut Reservations<'_>, task: &TaskRecord) -> Option<Claim> {
+        if !lock(&self.drained).is_empty(&task.namespace, &task.handler) {
+            return None;
         }
-        // A new task written DISPATCHING can only be one this write claimed.
-        let dispatched = result
-            .iter()
-            .flatten()
-            .flatten()
-            .filter(|c| !c.existing && c.task.state == TaskState::Dispatching)
-            .map(|c| &c.task);
+        reservations.choose(task)
+    }
+
+    /// After the write: hands the tasks it wrote DISPATCHING for one of its
+    /// reservations (among `written`, the tasks it answered with) to the
+    /// engine to push, and gives back the reservations it did not write.
+    fn settle<'t>(
+        &self,
+        reservations: &Reservations<'_>,
+        written: impl Iterator<Item = &'t TaskRecord> + Clone,
+    ) {
+        if reservations.chosen.is_empty() {
+            return;
+        }
+        // Only a task claimed for an execution id reserved here: one the
+        // write found stored (an idempotent repeat, a fire key a racing
+        // writer holds) may be DISPATCHING for another's claim.
+        let chosen: std::collections::HashSet<&str> =
+            reservations.chosen.iter().map(String::as_str).collect();
+        let dispatched = written.filter(move |t| {
+            t.state == TaskState::Dispatching
+                && t.execution_id
+                    .as_deref()
+                    .is_some_and(|e| chosen.contains(e))
+        });
         for task in dispatched.clone() {
-            // The engine outlives the submitter's callers; if it has
-            // stopped, the ACK timeout takes the task back.
+            // The engine outlives the writers; if it has stopped, the ACK
+            // timeout takes the task back.
             let _ = self.pushes.send(task.clone());
         }
         // Claims the store did not write (a refused batch goes row by row
         // without them; a failed one writes nothing).
         reservations.release_unwritten(dispatched);
+    }
+
+    /// Writes `tasks`, each new READY task of a handler without a backlog
+    /// claimed for a free stream of this node.
+    async fn create(
+        &self,
+        store: &dyn Store,
+        tasks: Vec<(NewTask, String)>,
+        now: UnixMillis,
+    ) -> Result<Vec<Result<Created, Error>>, Error> {
+        let mut reservations = self.reservations(now);
+        let mut chooser = |task: &TaskRecord| self.choose(&mut reservations, task);
+        let result = store
+            .create_tasks_dispatching(tasks, now, &mut chooser)
+            .await;
+        let new = result
+            .iter()
+            .flatten()
+            .flatten()
+            .filter(|c| !c.existing)
+            .map(|c| &c.task);
+        self.settle(&reservations, new);
+        result
+    }
+}
+
+#[async_trait::async_trait]
+impl taskmesh_scheduler::FireDispatch for AtSubmit {
+    async fn commit_fires(
+        &self,
+        store: &dyn Store,
+        commits: Vec<FireCommit>,
+        now: UnixMillis,
+        fence: u64,
+    ) -> Result<Vec<Result<Option<FireCommitted>, Error>>, Error> {
+        let mut reservations = self.reservations(now);
+        let mut chooser = |task: &TaskRecord| self.choose(&mut reservations, task);
+        let result = store
+            .commit_fires_dispatching(commits, now, Some(fence), &mut chooser)
+            .await;
+        let written = result
+            .iter()
+            .flatten()
+            .flatten()
+            .flatten()
+            .flat_map(|done| &done.tasks);
+        self.settle(&reservations, written);
         result
     }
 }
@@ -107,7 +162,7 @@ impl Submitter {
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         max_batch: usize,
-        at_submit: Option<AtSubmit>,
+        at_submit: Option<Arc<AtSubmit>>,
     ) -> Self {
         let max_batch = max_batch.max(1);
         // Bounded: past this many queued requests callers wait (and the

@@ -42,11 +42,19 @@ impl Scheduler {
             if let Some(path) = &self.opts.fault_hold_round {
                 crate::fault::hold_round(path, fence).await;
             }
-            let results = self
-                .store
-                .commit_fires_many(commits, now, Some(fence))
-                .await
-                .map_err(crate::leader_write_error("schedule_fires", fence))?;
+            let results = match &self.fire_dispatch {
+                Some(dispatch) => {
+                    dispatch
+                        .commit_fires(self.store.as_ref(), commits, now, fence)
+                        .await
+                }
+                None => {
+                    self.store
+                        .commit_fires_many(commits, now, Some(fence))
+                        .await
+                }
+            }
+            .map_err(crate::leader_write_error("schedule_fires", fence))?;
             for (i, result) in results.into_iter().enumerate() {
                 let schedule = planned[i];
                 match result {

@@ -9,7 +9,10 @@
 //! clock (`next_at <= now`), so nothing fires early whatever the engine. It
 //! tells the dispatcher about attempts it ended through the [`Reaped`]
 //! channel, so the dispatcher frees the slot and cancels the worker's
-//! handler. It knows nothing of tonic.
+//! handler. It knows nothing of tonic. Where the dispatcher offers it a
+//! [`FireDispatch`], a round's fires are committed through it, so a fired
+//! task can be claimed for a free stream in the fire's own commit: the
+//! dispatcher still decides where.
 
 mod broadcast;
 pub mod engine;
@@ -34,6 +37,24 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use engine::{EngineKind, PollEngine, TriggerEngine, WheelEngine};
+
+/// Commits a round's fires, claiming the new tasks it can for this node's
+/// streams in the same transaction (`Store::commit_fires_dispatching`) and
+/// pushing them after the commit: one durable write between a fire and its
+/// task's start instead of two (the fire, then the dispatcher's claim).
+/// The dispatcher gives one ([`Scheduler::dispatch_fires_with`]); without
+/// it, fired tasks are READY and the dispatcher claims them.
+#[async_trait::async_trait]
+pub trait FireDispatch: Send + Sync {
+    /// `Store::commit_fires_many` on `store`, claiming as it can.
+    async fn commit_fires(
+        &self,
+        store: &dyn Store,
+        commits: Vec<taskmesh_store::FireCommit>,
+        now: taskmesh_core::UnixMillis,
+        fence: u64,
+    ) -> taskmesh_store::Result<Vec<taskmesh_store::Result<Option<taskmesh_store::FireCommitted>>>>;
+}
 
 /// How the scheduler runs.
 #[derive(Debug, Clone)]
@@ -163,6 +184,8 @@ pub struct Scheduler {
     next_retention: std::sync::atomic::AtomicI64,
     /// Where the next retention pass goes on through the schedules.
     fire_cursor: std::sync::Mutex<Option<String>>,
+    /// Commits fires claiming their tasks at once (see [`FireDispatch`]).
+    fire_dispatch: Option<Arc<dyn FireDispatch>>,
 }
 
 impl Scheduler {
@@ -190,7 +213,14 @@ impl Scheduler {
             last_token: std::sync::atomic::AtomicU64::new(0),
             next_retention: std::sync::atomic::AtomicI64::new(0),
             fire_cursor: std::sync::Mutex::new(None),
+            fire_dispatch: None,
         }
+    }
+
+    /// Commits fires through `dispatch`, so a fired task may be claimed for
+    /// a free stream in the fire's own commit.
+    pub fn dispatch_fires_with(&mut self, dispatch: Arc<dyn FireDispatch>) {
+        self.fire_dispatch = Some(dispatch);
     }
 
     /// The handle to wake this scheduler.

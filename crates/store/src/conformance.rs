@@ -75,6 +75,7 @@ macro_rules! store_conformance_suite {
             fire_commit_is_atomic_and_idempotent,
             fire_commit_cancels_the_previous_run,
             fire_commits_of_many_schedules_go_together,
+            fire_commit_dispatching_claims_the_new_tasks,
             awaiting_run_end_lists_fixed_delay_waiters,
             fenced_writes_from_an_old_leader_are_refused,
             callback_queued_with_terminal_transition,
@@ -304,8 +305,9 @@ pub use retention::{
 };
 pub use schedules::{
     awaiting_run_end_lists_fixed_delay_waiters, due_schedules_and_next_due,
-    fire_commit_cancels_the_previous_run, fire_commit_is_atomic_and_idempotent,
-    fire_commits_of_many_schedules_go_together, schedule_crud_with_cas,
+    fire_commit_cancels_the_previous_run, fire_commit_dispatching_claims_the_new_tasks,
+    fire_commit_is_atomic_and_idempotent, fire_commits_of_many_schedules_go_together,
+    schedule_crud_with_cas,
 };
 pub use scheduling::{due_tasks_after_run_at, in_flight_by_worker, ready_counts_by_handler};
 pub use workflows::{

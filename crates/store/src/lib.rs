@@ -401,6 +401,26 @@ pub trait Store: Send + Sync + 'static {
         fence: Option<u64>,
     ) -> Result<Vec<Result<Option<FireCommitted>>>>;
 
+    /// [`Store::commit_fires_many`], offering each new task that is READY at
+    /// once to `chooser` inside the same transaction, as
+    /// [`Store::create_tasks_dispatching`] does: a task it gives a
+    /// [`Claim`] is written already DISPATCHING, its attempt opened — one
+    /// durable write between a schedule's fire and its task's start. A
+    /// store may offer none (the default; a commit that cancels a previous
+    /// run, and the schedule-by-schedule fallback after a failed batch,
+    /// offer none): the caller learns which were claimed from the tasks it
+    /// gets back.
+    async fn commit_fires_dispatching(
+        &self,
+        commits: Vec<FireCommit>,
+        now: UnixMillis,
+        fence: Option<u64>,
+        chooser: &mut Chooser<'_>,
+    ) -> Result<Vec<Result<Option<FireCommitted>>>> {
+        let _ = chooser;
+        self.commit_fires_many(commits, now, fence).await
+    }
+
     /// The newest leader fencing token written so far (0 if none).
     async fn fence_token(&self) -> Result<u64>;
 

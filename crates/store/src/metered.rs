@@ -362,6 +362,21 @@ impl<S: Store> Store for Metered<S> {
         .await
     }
 
+    async fn commit_fires_dispatching(
+        &self,
+        commits: Vec<FireCommit>,
+        now: UnixMillis,
+        fence: Option<u64>,
+        chooser: &mut Chooser<'_>,
+    ) -> Result<Vec<Result<Option<FireCommitted>>>> {
+        timed(
+            "commit_fires_many",
+            self.inner
+                .commit_fires_dispatching(commits, now, fence, chooser),
+        )
+        .await
+    }
+
     async fn fence_token(&self) -> Result<u64> {
         timed("fence_token", self.inner.fence_token()).await
     }

@@ -5,11 +5,15 @@
 //! second to hourly at staggered instants (`--cadence mixed`, a large fleet
 //! of schedules loaded, most of them idle at any moment). For every fire in
 //! the measured window it measures handled − scheduled (the scheduler's own
-//! lateness) and dispatched − scheduled (until the task is pushed to a
-//! worker), and counts early fires (which must be zero); with the node in
-//! this process, it reports the process's memory before and after the
-//! schedules are loaded.
+//! lateness), claimed − scheduled (the instant the store's claim of the
+//! task was stamped, before that claim's commit) and started − scheduled
+//! (the handler's start as the bench's own in-process worker saw it, the
+//! point peers measure to), and counts early fires (which must be zero);
+//! with the node in this process, it reports the process's memory before
+//! and after the schedules are loaded.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -93,8 +97,11 @@ pub struct EngineReport {
     pub rss_after_mib: f64,
     /// Scheduled → handled by the scheduler.
     pub handled: Percentiles,
-    /// Scheduled → pushed to a worker.
+    /// Scheduled → the store's claim for a worker (the attempt's start,
+    /// stamped before the claim's commit).
     pub dispatched: Percentiles,
+    /// Scheduled → the handler's start, as the worker saw it.
+    pub started: Percentiles,
 }
 
 /// The scenario's report.
@@ -141,13 +148,13 @@ async fn run_engine(args: &CronArgs, kind: EngineKind) -> anyhow::Result<EngineR
     opts.http_addr = ([127, 0, 0, 1], 0).into();
     opts.scheduler.engine = kind;
     opts.scheduler.poll_interval = args.poll_interval;
-    // Room for every fire of an instant at once (~500 of 100,000 mixed
-    // schedules): a fire waiting for a free slot measures the worker.
-    opts.with_worker = Some(4_096);
     // A benchmark measures the machine, not the per-namespace quotas
     // (10,000 schedules, one second between fires).
     opts.dispatcher.quotas = taskmesh_dispatcher::quota::QuotaOptions::unlimited();
     let node = node::start(opts).await?;
+    let starts = Starts::default();
+    let worker_stop = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn(starts.clone().worker(node.grpc_addr, worker_stop.clone()));
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.grpc_addr))?
         .connect()
         .await?;
@@ -216,6 +223,7 @@ async fn run_engine(args: &CronArgs, kind: EngineKind) -> anyhow::Result<EngineR
     // Collect: every fire's handled time, and its task's dispatch time.
     let mut handled = Histogram::<u64>::new(3)?;
     let mut dispatched = Histogram::<u64>::new(3)?;
+    let mut started = Histogram::<u64>::new(3)?;
     let mut early = 0u64;
     let mut fires = 0u64;
     let store = node.store.clone();
@@ -253,6 +261,21 @@ async fn run_engine(args: &CronArgs, kind: EngineKind) -> anyhow::Result<EngineR
                 early += 1;
             }
             dispatched.record((push_late.max(0) as u64) * 1_000)?;
+            // The worker stamps the start before it answers; bounded.
+            let start_us = loop {
+                if let Some(us) = starts.of(&task_id) {
+                    break us;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    anyhow::bail!("task {task_id} was never started by the worker");
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            let start_late = start_us - f.fire_at * 1_000;
+            if start_late < 0 {
+                early += 1;
+            }
+            started.record(start_late.max(0) as u64)?;
         }
     }
     let _ = store
@@ -261,6 +284,10 @@ async fn run_engine(args: &CronArgs, kind: EngineKind) -> anyhow::Result<EngineR
             ..Default::default()
         })
         .await?;
+    worker_stop.cancel();
+    worker
+        .await?
+        .map_err(|e| anyhow::anyhow!("the bench's worker failed: {e}"))?;
     node.stop(Duration::from_secs(5)).await;
     Ok(EngineReport {
         engine: kind.as_str().to_string(),
@@ -271,7 +298,54 @@ async fn run_engine(args: &CronArgs, kind: EngineKind) -> anyhow::Result<EngineR
         rss_after_mib: rss_after as f64 / 1024.0,
         handled: Percentiles::of(&handled),
         dispatched: Percentiles::of(&dispatched),
+        started: Percentiles::of(&started),
     })
+}
+
+/// When the bench's worker started each task's handler (task id → Unix
+/// microseconds).
+#[derive(Clone, Default)]
+struct Starts(Arc<Mutex<HashMap<String, i64>>>);
+
+impl Starts {
+    fn of(&self, task_id: &str) -> Option<i64> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(task_id)
+            .copied()
+    }
+
+    /// A worker on `grpc_addr` running `echo`, stamping each start, with
+    /// room for every fire of an instant at once (~500 of 100,000 mixed
+    /// schedules): a fire waiting for a free slot would measure the worker.
+    async fn worker(
+        self,
+        grpc_addr: std::net::SocketAddr,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Result<(), taskmesh_worker::Error> {
+        let mut opts = taskmesh_worker::WorkerOptions::new(vec![format!("http://{grpc_addr}")]);
+        opts.concurrency = 4_096;
+        opts.name = "bench-cron".into();
+        let mut worker = taskmesh_worker::Worker::new(opts);
+        worker.add_handler("echo", Arc::new(self));
+        worker.run(stop).await
+    }
+}
+
+#[async_trait::async_trait]
+impl taskmesh_worker::Handler for Starts {
+    async fn run(
+        &self,
+        ctx: taskmesh_worker::TaskContext,
+    ) -> Result<taskmesh_worker::Output, taskmesh_worker::HandlerError> {
+        let now = crate::ledger::unix_micros() as i64;
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ctx.task_id.clone(), now);
+        Ok(taskmesh_worker::Output::default())
+    }
 }
 
 /// Prints the report as a table.
@@ -285,23 +359,25 @@ pub fn print(r: &CronReport) {
         r.schedules, r.seconds
     );
     println!(
-        "{:<7} {:>6} {:>6}  {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}  {:>7} {:>9} {:>9}",
+        "{:<7} {:>6} {:>6}  {:>9} {:>9} {:>9}  {:>9} {:>9}  {:>9} {:>9} {:>9}  {:>7} {:>9} {:>9}",
         "engine",
         "fires",
         "early",
         "hand p50",
         "hand p99",
         "hand max",
-        "disp p50",
-        "disp p99",
-        "disp max",
+        "claim p50",
+        "claim p99",
+        "start p50",
+        "start p99",
+        "start max",
         "load s",
         "RSS0 MiB",
         "RSS1 MiB"
     );
     for e in &r.engines {
         println!(
-            "{:<7} {:>6} {:>6}  {:>9.1} {:>9.1} {:>9.1}  {:>9.1} {:>9.1} {:>9.1}  {:>7.1} {:>9.1} {:>9.1}",
+            "{:<7} {:>6} {:>6}  {:>9.1} {:>9.1} {:>9.1}  {:>9.1} {:>9.1}  {:>9.2} {:>9.2} {:>9.2}  {:>7.1} {:>9.1} {:>9.1}",
             e.engine,
             e.fires,
             e.early_fires,
@@ -310,13 +386,19 @@ pub fn print(r: &CronReport) {
             e.handled.max_ms,
             e.dispatched.p50_ms,
             e.dispatched.p99_ms,
-            e.dispatched.max_ms,
+            e.started.p50_ms,
+            e.started.p99_ms,
+            e.started.max_ms,
             e.load_s,
             e.rss_before_mib,
             e.rss_after_mib
         );
     }
-    println!("(RSS0: this process before the schedules were created; RSS1: at the window's end)");
+    println!(
+        "(claim: the store's claim for a worker, stamped in whole ms before its commit; \
+         start: the handler's start as the worker saw it; \
+         RSS0: this process before the schedules were created; RSS1: at the window's end)"
+    );
 }
 
 fn rand_fraction() -> f64 {

@@ -370,3 +370,139 @@ pub async fn awaiting_run_end_lists_fixed_delay_waiters(fixture: &dyn StoreFixtu
         Some(task_id.as_str())
     );
 }
+
+/// `commit_fires_dispatching`: a fire's new READY task the chooser claims is
+/// stored DISPATCHING for that claim with its attempt opened, in the fire's
+/// own commit; a fire whose key a task holds already answers with that
+/// task and is not offered; a task with a concurrency key is not offered;
+/// one the chooser leaves is stored READY. A schedule due alone is
+/// dispatched the same way.
+pub async fn fire_commit_dispatching_claims_the_new_tasks(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store: &dyn Store = store.as_ref();
+    let free = |id: &str| ScheduleRecord {
+        template: TaskTemplate {
+            concurrency: None,
+            ..schedule(id, Some(T0)).template
+        },
+        ..schedule(id, Some(T0))
+    };
+    for s in [free("da"), free("db"), free("dc"), schedule("dk", Some(T0))] {
+        store.create_schedule(&s).await.unwrap();
+    }
+    // dc fired T0 once already: its task holds the key.
+    let c_first = taskmesh_core::id::new_task_id();
+    store
+        .commit_fires(fire_commit(&free("dc"), T0, &c_first), T0)
+        .await
+        .unwrap()
+        .expect("first fire of dc");
+    let c = store.get_schedule("dc").await.unwrap().unwrap();
+    let (a_task, b_task, k_task) = (
+        taskmesh_core::id::new_task_id(),
+        taskmesh_core::id::new_task_id(),
+        taskmesh_core::id::new_task_id(),
+    );
+    let mut feed = store.subscribe();
+    let mut offered: Vec<String> = Vec::new();
+    let mut chooser = |task: &taskmesh_core::TaskRecord| {
+        offered.push(task.id.clone());
+        // db's task is left READY.
+        (task.schedule_id.as_deref() != Some("db")).then(|| crate::Claim {
+            execution_id: format!("exec-{}", task.schedule_id.as_deref().unwrap_or("?")),
+            worker_id: "w-fire".into(),
+            ack_deadline: T0 + 5_000,
+        })
+    };
+    let results = store
+        .commit_fires_dispatching(
+            vec![
+                fire_commit(&free("da"), T0, &a_task),
+                fire_commit(&free("db"), T0, &b_task),
+                fire_commit(&c, T0, &taskmesh_core::id::new_task_id()),
+                fire_commit(&schedule("dk", Some(T0)), T0, &k_task),
+            ],
+            T0 + 5,
+            None,
+            &mut chooser,
+        )
+        .await
+        .unwrap();
+    let mut offered_sorted = offered.clone();
+    offered_sorted.sort();
+    let mut expected = vec![a_task.clone(), b_task.clone()];
+    expected.sort();
+    assert_eq!(
+        offered_sorted, expected,
+        "only new tasks without a key are offered"
+    );
+    let answered: Vec<_> = results
+        .into_iter()
+        .map(|r| r.expect("no error").expect("committed").tasks)
+        .collect();
+    assert_eq!(answered[0][0].state, TaskState::Dispatching);
+    assert_eq!(answered[0][0].execution_id.as_deref(), Some("exec-da"));
+    assert_eq!(answered[1][0].state, TaskState::Ready);
+    assert_eq!(
+        answered[2][0].id, c_first,
+        "a held key answers with its task"
+    );
+    assert_eq!(answered[2][0].state, TaskState::Ready);
+    assert_eq!(answered[3][0].state, TaskState::Ready);
+
+    let a = get(store, &a_task).await;
+    assert_eq!(a.state, TaskState::Dispatching);
+    assert_eq!(
+        (a.attempt, a.attempts.len()),
+        (1, 1),
+        "its attempt opened with it"
+    );
+    assert_eq!(a.attempts[0].execution_id, "exec-da");
+    assert_eq!(a.attempts[0].worker_id, "w-fire");
+    assert_eq!(a.next_at, Some(T0 + 5_000), "the ACK deadline");
+    assert_eq!(a.schedule_id.as_deref(), Some("da"));
+    assert_eq!(get(store, &b_task).await.state, TaskState::Ready);
+    assert_eq!(get(store, &k_task).await.state, TaskState::Ready);
+    let mut states = std::collections::BTreeMap::new();
+    while states.len() < 3 {
+        let change = tokio::time::timeout(std::time::Duration::from_secs(10), feed.recv())
+            .await
+            .expect("a change within 10 s")
+            .expect("the feed");
+        states.insert(change.task_id, change.state);
+    }
+    assert_eq!(states[&a_task], TaskState::Dispatching);
+    assert_eq!(states[&b_task], TaskState::Ready);
+
+    // A schedule due alone is dispatched at its fire too.
+    let a_next = store.get_schedule("da").await.unwrap().unwrap();
+    let alone = taskmesh_core::id::new_task_id();
+    let mut claims = 0;
+    let mut chooser = |_: &taskmesh_core::TaskRecord| {
+        claims += 1;
+        Some(crate::Claim {
+            execution_id: "exec-alone".into(),
+            worker_id: "w-fire".into(),
+            ack_deadline: T0 + 6_000,
+        })
+    };
+    store
+        .commit_fires_dispatching(
+            vec![fire_commit(&a_next, T0 + 1_000, &alone)],
+            T0 + 1_005,
+            None,
+            &mut chooser,
+        )
+        .await
+        .unwrap();
+    assert_eq!(claims, 1);
+    let alone = get(store, &alone).await;
+    assert_eq!(alone.state, TaskState::Dispatching);
+    assert_eq!(alone.attempts.len(), 1);
+    // The claimed task goes on like any claimed one.
+    store
+        .transition(&a_task, &super::ack("exec-da"), T0 + 10)
+        .await
+        .expect("ack");
+    assert_eq!(get(store, &a_task).await.state, TaskState::Running);
+}

@@ -13,11 +13,11 @@ use taskmesh_core::{TaskRecord, UnixMillis};
 
 use super::backend::{Backend, in_savepoint};
 use super::schedules::write_cas;
-use super::tasks::{Key, holders, insert_rows, lock_task};
+use super::tasks::{Key, dispatch_new, holders, insert_opened, insert_rows, lock_task};
 use super::transitions::{check_fence, transition_one};
 use super::{SqlStore, args};
 use crate::error::is_unique_violation;
-use crate::{Error, FireCommit, FireCommitted, Result, ScheduleChange, TaskChange};
+use crate::{Chooser, Error, FireCommit, FireCommitted, Result, ScheduleChange, TaskChange};
 
 /// The task of a fire whose key `key` (in `namespace`) is already taken:
 /// the one holding it.
@@ -119,14 +119,18 @@ type OneDone = Option<(FireCommitted, Vec<TaskChange>)>;
 /// schedules' compare-and-sets, one look-up of the fires' idempotency keys,
 /// one multi-row insert of the new tasks, then the fire records — about a
 /// quarter of the statements [`commit_one`] runs per schedule (no savepoint
-/// per schedule or per task, no look-up per task). An error (a key a racing
-/// writer took after the look-up, a constraint) fails the whole batch; the
-/// caller then rolls it back and goes schedule by schedule.
+/// per schedule or per task, no look-up per task). With a `chooser`, each
+/// new task is offered to it and written DISPATCHING when claimed, its
+/// attempt opened: dispatched at the fire's own commit. An error (a key a
+/// racing writer took after the look-up, a constraint) fails the whole
+/// batch; the caller then rolls it back and goes schedule by schedule,
+/// offering none.
 async fn commit_batch<B: Backend>(
     b: &B,
     tx: &mut B::Tx,
     commits: &[FireCommit],
     now: UnixMillis,
+    chooser: Option<&mut Chooser<'_>>,
 ) -> Result<Vec<OneDone>> {
     let mut won = Vec::with_capacity(commits.len());
     for commit in commits {
@@ -163,8 +167,21 @@ async fn commit_batch<B: Backend>(
         }
         plans.push(plan);
     }
-    let rows: Vec<(&TaskRecord, &str)> = new.iter().map(|(t, fp)| (t, *fp)).collect();
-    insert_rows(b, tx, &rows).await??;
+    if let Some(chooser) = chooser {
+        let offered: Vec<Option<&TaskRecord>> = new.iter().map(|(t, _)| Some(t)).collect();
+        let (dispatched, opens) = dispatch_new(&offered, chooser, now);
+        for ((record, _), claimed) in new.iter_mut().zip(dispatched) {
+            if let Some(claimed) = claimed {
+                *record = claimed;
+            }
+        }
+        let rows: Vec<(&TaskRecord, &str)> = new.iter().map(|(t, fp)| (t, *fp)).collect();
+        insert_rows(b, tx, &rows).await??;
+        insert_opened(b, tx, &opens).await?;
+    } else {
+        let rows: Vec<(&TaskRecord, &str)> = new.iter().map(|(t, fp)| (t, *fp)).collect();
+        insert_rows(b, tx, &rows).await??;
+    }
     for (commit, _) in commits.iter().zip(&won).filter(|(_, won)| **won) {
         insert_fires(b, tx, &commit.schedule.id, &commit.fires).await?;
     }
@@ -191,12 +208,14 @@ async fn commit_batch<B: Backend>(
 }
 
 impl<B: Backend> SqlStore<B> {
-    /// `Store::commit_fires_many`; see the module comment.
+    /// `Store::commit_fires_many` (`Store::commit_fires_dispatching` with a
+    /// `chooser`); see the module comment.
     pub(super) async fn sched_commit_many(
         &self,
         commits: Vec<FireCommit>,
         now: UnixMillis,
         fence: Option<u64>,
+        chooser: Option<&mut Chooser<'_>>,
     ) -> Result<Vec<Result<Option<FireCommitted>>>> {
         let b = self.backend();
         let mut tx = b.begin_write().await?;
@@ -204,9 +223,11 @@ impl<B: Backend> SqlStore<B> {
         let mut results = Vec::with_capacity(commits.len());
         let mut task_changes = Vec::new();
         let mut schedule_changes = Vec::new();
-        if commits.len() > 1 && commits.iter().all(|c| c.cancel.is_none()) {
+        // One schedule alone goes the batched way too when its task may be
+        // dispatched at the commit (only that way offers the chooser).
+        if (commits.len() > 1 || chooser.is_some()) && commits.iter().all(|c| c.cancel.is_none()) {
             let batch = in_savepoint!(b, &mut tx, "fires", {
-                commit_batch(b, &mut tx, &commits, now).await
+                commit_batch(b, &mut tx, &commits, now, chooser).await
             });
             match batch {
                 Ok(done) => {

@@ -295,7 +295,18 @@ impl<B: Backend> Store for SqlStore<B> {
         now: UnixMillis,
         fence: Option<u64>,
     ) -> Result<Vec<Result<Option<FireCommitted>>>> {
-        self.sched_commit_many(commits, now, fence).await
+        self.sched_commit_many(commits, now, fence, None).await
+    }
+
+    async fn commit_fires_dispatching(
+        &self,
+        commits: Vec<FireCommit>,
+        now: UnixMillis,
+        fence: Option<u64>,
+        chooser: &mut Chooser<'_>,
+    ) -> Result<Vec<Result<Option<FireCommitted>>>> {
+        self.sched_commit_many(commits, now, fence, Some(chooser))
+            .await
     }
 
     async fn fence_token(&self) -> Result<u64> {

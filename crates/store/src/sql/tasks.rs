@@ -355,6 +355,63 @@ async fn scan<B: Backend>(
     }
 }
 
+/// The attempt a claim opened, with its task's id.
+pub(super) type Opened = (String, AttemptRecord);
+
+/// Offers each task of `offered` (`None`: not a new row, skipped) that is
+/// READY at once and has no concurrency key to `chooser` (dispatch at
+/// write: `Store::create_tasks_dispatching`, `Store::commit_fires_dispatching`).
+/// Per entry, the record to write in its place when it was claimed
+/// (DISPATCHING, exactly as a claim would write it), and the attempts the
+/// claims opened ([`insert_opened`]).
+pub(super) fn dispatch_new(
+    offered: &[Option<&TaskRecord>],
+    chooser: &mut Chooser<'_>,
+    now: UnixMillis,
+) -> (Vec<Option<TaskRecord>>, Vec<Opened>) {
+    let mut opens = Vec::new();
+    let mut dispatched = vec![None; offered.len()];
+    for (task, slot) in offered.iter().zip(&mut dispatched) {
+        // A task with a concurrency key waits for a claim, which counts its
+        // key's tasks in flight.
+        let Some(task) = task.filter(|t| t.state == TaskState::Ready && t.concurrency.is_none())
+        else {
+            continue;
+        };
+        let Some(claim) = chooser(task) else { continue };
+        let event = Event::from(claim);
+        match taskmesh_core::apply(task, &event, now) {
+            Ok(transition) => {
+                if let AttemptChange::Open(attempt) = transition.attempt {
+                    opens.push((task.id.clone(), attempt));
+                }
+                *slot = Some(transition.task);
+            }
+            Err(err) => {
+                tracing::warn!(task_id = %task.id, error = %err, "new task refused dispatch");
+            }
+        }
+    }
+    (dispatched, opens)
+}
+
+/// Inserts the attempts [`dispatch_new`] opened, in multi-row statements.
+pub(super) async fn insert_opened<B: Backend>(
+    b: &B,
+    tx: &mut B::Tx,
+    opens: &[Opened],
+) -> Result<()> {
+    insert_many(
+        b,
+        tx,
+        opens,
+        8,
+        |(id, a), out| attempt_args(id, a, out),
+        |n| b.sql().insert_attempts.get(n),
+    )
+    .await
+}
+
 impl<B: Backend> SqlStore<B> {
     /// `Store::create_tasks`: the whole batch in one transaction; if the
     /// database refuses a row of it (an id or key taken meanwhile), again
@@ -403,34 +460,15 @@ impl<B: Backend> SqlStore<B> {
         let mut tx = b.begin_write().await?;
         let held = holders(b, &mut tx, &keys(entries)).await?;
         let plans = plan(entries, held);
-        let mut opens: Vec<(String, AttemptRecord)> = Vec::new();
-        // The record written in place of an entry's, when it was claimed.
-        let mut dispatched: Vec<Option<TaskRecord>> = vec![None; entries.len()];
-        if let Some(chooser) = chooser {
-            for (((task, _), plan), slot) in entries.iter().zip(&plans).zip(&mut dispatched) {
-                // A task with a concurrency key waits for a claim, which
-                // counts its key's tasks in flight.
-                if !matches!(plan, Plan::Insert)
-                    || task.state != TaskState::Ready
-                    || task.concurrency.is_some()
-                {
-                    continue;
-                }
-                let Some(claim) = chooser(task) else { continue };
-                let event = Event::from(claim);
-                match taskmesh_core::apply(task, &event, now) {
-                    Ok(transition) => {
-                        if let AttemptChange::Open(attempt) = transition.attempt {
-                            opens.push((task.id.clone(), attempt));
-                        }
-                        *slot = Some(transition.task);
-                    }
-                    Err(err) => {
-                        tracing::warn!(task_id = %task.id, error = %err, "new task refused dispatch");
-                    }
-                }
-            }
-        }
+        let offered: Vec<Option<&TaskRecord>> = entries
+            .iter()
+            .zip(&plans)
+            .map(|((task, _), plan)| matches!(plan, Plan::Insert).then_some(task))
+            .collect();
+        let (dispatched, opens) = match chooser {
+            Some(chooser) => dispatch_new(&offered, chooser, now),
+            None => (vec![None; entries.len()], Vec::new()),
+        };
         let fresh: Vec<(&TaskRecord, &str)> = entries
             .iter()
             .zip(&plans)
@@ -446,15 +484,7 @@ impl<B: Backend> SqlStore<B> {
             }
             Err(err) => return Err(err.into()),
         }
-        insert_many(
-            b,
-            &mut tx,
-            &opens,
-            8,
-            |(id, a), out| attempt_args(id, a, out),
-            |n| b.sql().insert_attempts.get(n),
-        )
-        .await?;
+        insert_opened(b, &mut tx, &opens).await?;
         b.commit(tx).await?;
         Ok(Some(
             entries
