@@ -41,18 +41,21 @@ pub enum Cadence {
 }
 
 impl Cadence {
-    /// The cron expression (6 fields, seconds first) of schedule `i`.
+    /// The cron expression (6 fields, seconds first) of schedule `i`: within
+    /// each cadence, consecutive schedules take consecutive seconds (and
+    /// minutes), so no second carries more than its share.
     fn expression(self, i: u32) -> String {
-        let second = i % 60;
         match self {
             Cadence::EverySecond => "* * * * * *".into(),
             Cadence::Mixed if i.is_multiple_of(1_000) => "* * * * * *".into(),
-            Cadence::Mixed if i.is_multiple_of(100) => format!("{}-59/10 * * * * *", i % 10),
-            Cadence::Mixed if i.is_multiple_of(10) => format!("{second} * * * * *"),
-            Cadence::Mixed if i.is_multiple_of(2) => {
-                format!("{second} {}-59/5 * * * *", (i / 60) % 5)
+            Cadence::Mixed if i.is_multiple_of(100) => {
+                format!("{}-59/10 * * * * *", (i / 100) % 10)
             }
-            Cadence::Mixed => format!("{second} {} * * * *", (i / 60) % 60),
+            Cadence::Mixed if i.is_multiple_of(10) => format!("{} * * * * *", (i / 10) % 60),
+            Cadence::Mixed if i.is_multiple_of(2) => {
+                format!("{} {}-59/5 * * * *", (i / 2) % 60, (i / 120) % 5)
+            }
+            Cadence::Mixed => format!("{} {} * * * *", (i / 2) % 60, (i / 120) % 60),
         }
     }
 }
@@ -425,10 +428,33 @@ mod tests {
             }
         }
         assert_eq!(every_second, 10, "one in 1,000 fires every second");
-        assert_eq!(Cadence::Mixed.expression(10_100), "0-59/10 * * * * *");
-        assert_eq!(Cadence::Mixed.expression(70), "10 * * * * *");
-        assert_eq!(Cadence::Mixed.expression(62), "2 1-59/5 * * * *");
-        assert_eq!(Cadence::Mixed.expression(3_661), "1 1 * * * *");
+        assert_eq!(Cadence::Mixed.expression(10_100), "1-59/10 * * * * *");
+        assert_eq!(Cadence::Mixed.expression(70), "7 * * * * *");
+        assert_eq!(Cadence::Mixed.expression(62), "31 0-59/5 * * * *");
+        assert_eq!(Cadence::Mixed.expression(3_661), "30 30 * * * *");
+        // Fires per second over the first hour: none carries much more than
+        // its share (the every-10-s and every-minute ones once all fell on
+        // the same six seconds: 267 fires at one instant for 10,000).
+        let mut per_second = vec![0u32; 3_600];
+        for i in 0..10_000 {
+            let cron = taskmesh_core::timetable::cached_cron(&Cadence::Mixed.expression(i));
+            let tt = taskmesh_core::timetable::Timetable::Cron {
+                cron: cron.unwrap(),
+                tz: taskmesh_core::timetable::parse_zone("UTC").unwrap(),
+            };
+            let mut at = -1;
+            while let Some(next) = tt.next_after(at).filter(|&t| t < 3_600_000) {
+                per_second[(next / 1_000) as usize] += 1;
+                at = next;
+            }
+        }
+        let total: u32 = per_second.iter().sum();
+        let most = *per_second.iter().max().unwrap();
+        assert!(
+            most <= 3 * total / 3_600,
+            "{most} fires in one second, {} on average",
+            total / 3_600
+        );
         assert_eq!(Cadence::EverySecond.expression(3_661), "* * * * * *");
     }
 }
