@@ -66,7 +66,7 @@ pub struct Shared {
     /// Quotas and rates per namespace.
     pub quotas: Arc<crate::quota::Quotas>,
     /// Handlers known to have nothing READY (shared by the engine's claims
-    /// and the submitter's dispatch at submit).
+    /// and dispatch at a write: the submitter's, and schedule fires').
     pub(crate) drained: Arc<std::sync::Mutex<Drained>>,
     /// Set while this node cannot reach its store and has handed its
     /// worker streams to nodes that can (`health.rs`): `Connect` refuses.

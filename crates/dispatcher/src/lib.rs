@@ -178,6 +178,7 @@ impl Dispatcher {
             drained: drained.clone(),
             ack_timeout: opts.ack_timeout,
             pushes: push_tx,
+            clock: clock.clone(),
         });
         let authenticator = Arc::new(auth::Authenticator::new(
             store.clone(),

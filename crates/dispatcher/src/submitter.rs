@@ -39,6 +39,10 @@ pub(crate) struct AtSubmit {
     pub(crate) drained: Arc<Mutex<Drained>>,
     pub(crate) ack_timeout: Duration,
     pub(crate) pushes: mpsc::UnboundedSender<TaskRecord>,
+    /// Read again when a fire commits: a round's `now` was read before the
+    /// round's other work, and an ACK deadline counted from it would be
+    /// shortened by all of it.
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 impl AtSubmit {
@@ -123,7 +127,8 @@ impl taskmesh_scheduler::FireDispatch for AtSubmit {
         now: UnixMillis,
         fence: u64,
     ) -> Result<Vec<Result<Option<FireCommitted>, Error>>, Error> {
-        let mut reservations = self.reservations(now);
+        // The ACK deadline counts from now, not from the round's start.
+        let mut reservations = self.reservations(now.max(self.clock.now_millis()));
         let mut chooser = |task: &TaskRecord| self.choose(&mut reservations, task);
         let result = store
             .commit_fires_dispatching(commits, now, Some(fence), &mut chooser)

@@ -178,6 +178,23 @@ async fn create(store: &dyn Store, task: NewTask, now: UnixMillis) -> TaskRecord
     created.task
 }
 
+/// The last state the change feed told of each task, read until it has
+/// told of `tasks` different tasks (10 s at most per change).
+async fn feed_states(
+    feed: &mut tokio::sync::broadcast::Receiver<crate::TaskChange>,
+    tasks: usize,
+) -> std::collections::BTreeMap<String, taskmesh_core::TaskState> {
+    let mut states = std::collections::BTreeMap::new();
+    while states.len() < tasks {
+        let change = tokio::time::timeout(std::time::Duration::from_secs(10), feed.recv())
+            .await
+            .expect("a change within 10 s")
+            .expect("the feed");
+        states.insert(change.task_id, change.state);
+    }
+    states
+}
+
 async fn get(store: &dyn Store, id: &str) -> TaskRecord {
     store
         .get_task(id)

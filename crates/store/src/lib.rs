@@ -406,10 +406,10 @@ pub trait Store: Send + Sync + 'static {
     /// [`Store::create_tasks_dispatching`] does: a task it gives a
     /// [`Claim`] is written already DISPATCHING, its attempt opened — one
     /// durable write between a schedule's fire and its task's start. A
-    /// store may offer none (the default; a commit that cancels a previous
-    /// run, and the schedule-by-schedule fallback after a failed batch,
-    /// offer none): the caller learns which were claimed from the tasks it
-    /// gets back.
+    /// store may offer none (the default; the SQL stores offer none in a
+    /// call where any commit cancels a previous run, nor on the
+    /// schedule-by-schedule fallback after a failed batch): the caller
+    /// learns which were claimed from the tasks it gets back.
     async fn commit_fires_dispatching(
         &self,
         commits: Vec<FireCommit>,

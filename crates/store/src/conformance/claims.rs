@@ -251,14 +251,7 @@ pub async fn create_dispatching_claims_new_ready_tasks(fixture: &dyn StoreFixtur
     assert_eq!(stored.attempts[0].worker_id, "w-submit");
     assert_eq!(get(store, &left.task.id).await.state, TaskState::Ready);
 
-    let mut states = BTreeMap::new();
-    while states.len() < 3 {
-        let c = tokio::time::timeout(std::time::Duration::from_secs(10), feed.recv())
-            .await
-            .expect("a change within 10 s")
-            .expect("the feed");
-        states.insert(c.task_id, c.state);
-    }
+    let states = super::feed_states(&mut feed, 3).await;
     assert_eq!(states[&claimed.task.id], TaskState::Dispatching);
     assert_eq!(states[&left.task.id], TaskState::Ready);
 

@@ -463,14 +463,7 @@ pub async fn fire_commit_dispatching_claims_the_new_tasks(fixture: &dyn StoreFix
     assert_eq!(a.schedule_id.as_deref(), Some("da"));
     assert_eq!(get(store, &b_task).await.state, TaskState::Ready);
     assert_eq!(get(store, &k_task).await.state, TaskState::Ready);
-    let mut states = std::collections::BTreeMap::new();
-    while states.len() < 3 {
-        let change = tokio::time::timeout(std::time::Duration::from_secs(10), feed.recv())
-            .await
-            .expect("a change within 10 s")
-            .expect("the feed");
-        states.insert(change.task_id, change.state);
-    }
+    let states = super::feed_states(&mut feed, 3).await;
     assert_eq!(states[&a_task], TaskState::Dispatching);
     assert_eq!(states[&b_task], TaskState::Ready);
 

@@ -5,8 +5,12 @@
 //! per schedule, one commit for every schedule due at the same instant,
 //! behind the leader fence. Several schedules due together, none cancelling
 //! a previous run, are first written as one batch ([`commit_batch`]: a
-//! hundred schedules in ~200 statements instead of ~800); if the batch
-//! fails it is rolled back and they go one by one as above.
+//! hundred schedules in ~200 statements instead of ~800), and so is one
+//! schedule alone when its task may be dispatched at the commit (only the
+//! batch offers new tasks to a chooser); if the batch fails it is rolled
+//! back and they go one by one as above, offering none. A round in which
+//! one schedule cancels a previous run goes one by one whole, so none of
+//! its tasks is dispatched at the fire (the dispatcher claims them).
 
 use taskmesh_core::schedule::FireRecord;
 use taskmesh_core::{TaskRecord, UnixMillis};
