@@ -154,7 +154,7 @@ pub struct Dispatcher {
     reaped: mpsc::Receiver<Reaped>,
     pushes: mpsc::UnboundedReceiver<taskmesh_core::TaskRecord>,
     /// Dispatch at a write: the submitter's, and schedule fires'.
-    at_write: Arc<submitter::AtSubmit>,
+    at_write: Arc<submitter::AtWrite>,
 }
 
 impl Dispatcher {
@@ -173,7 +173,7 @@ impl Dispatcher {
         let logs = LogWriter::start(store.clone(), clock.clone(), opts.logs);
         let drained = Arc::new(std::sync::Mutex::new(engine::Drained::default()));
         let (push_tx, pushes) = mpsc::unbounded_channel();
-        let at_submit = Arc::new(submitter::AtSubmit {
+        let at_write = Arc::new(submitter::AtWrite {
             registry: registry.clone(),
             drained: drained.clone(),
             ack_timeout: opts.ack_timeout,
@@ -203,7 +203,7 @@ impl Dispatcher {
                     store.clone(),
                     clock.clone(),
                     1_000,
-                    Some(at_submit.clone()),
+                    Some(at_write.clone()),
                 ),
                 drained,
                 stats: Arc::default(),
@@ -213,7 +213,7 @@ impl Dispatcher {
             },
             reaped,
             pushes,
-            at_write: at_submit,
+            at_write,
         }
     }
 

@@ -10,7 +10,7 @@
 //! writer from spending itself on a thousand commits a second while the
 //! claims and the workers' ACKs queue behind them.
 //!
-//! **Dispatch at submit** ([`AtSubmit`]): when a handler has nothing READY
+//! **Dispatch at submit** ([`AtWrite`]): when a handler has nothing READY
 //! (its last claim found it empty, `engine::Drained`) and one of this
 //! node's streams has a free slot, a new task is written already claimed
 //! for that stream, in the submit's own transaction
@@ -34,7 +34,7 @@ use crate::registry::Registry;
 /// [`taskmesh_scheduler::FireDispatch`]): the streams, what the engine
 /// knows of READY backlogs, the ACK timeout, and where claimed tasks go to
 /// be pushed (the engine's loop, after the commit).
-pub(crate) struct AtSubmit {
+pub(crate) struct AtWrite {
     pub(crate) registry: Registry,
     pub(crate) drained: Arc<Mutex<Drained>>,
     pub(crate) ack_timeout: Duration,
@@ -45,7 +45,7 @@ pub(crate) struct AtSubmit {
     pub(crate) clock: Arc<dyn Clock>,
 }
 
-impl AtSubmit {
+impl AtWrite {
     /// Reservations for a write at `now`.
     fn reservations(&self, now: UnixMillis) -> Reservations<'_> {
         let ack_deadline = now.saturating_add(self.ack_timeout.as_millis() as i64);
@@ -119,7 +119,7 @@ impl AtSubmit {
 }
 
 #[async_trait::async_trait]
-impl taskmesh_scheduler::FireDispatch for AtSubmit {
+impl taskmesh_scheduler::FireDispatch for AtWrite {
     async fn commit_fires(
         &self,
         store: &dyn Store,
@@ -167,7 +167,7 @@ impl Submitter {
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         max_batch: usize,
-        at_submit: Option<Arc<AtSubmit>>,
+        at_submit: Option<Arc<AtWrite>>,
     ) -> Self {
         let max_batch = max_batch.max(1);
         // Bounded: past this many queued requests callers wait (and the

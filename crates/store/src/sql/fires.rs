@@ -171,21 +171,20 @@ async fn commit_batch<B: Backend>(
         }
         plans.push(plan);
     }
+    let mut opens = Vec::new();
     if let Some(chooser) = chooser {
         let offered: Vec<Option<&TaskRecord>> = new.iter().map(|(t, _)| Some(t)).collect();
-        let (dispatched, opens) = dispatch_new(&offered, chooser, now);
+        let (dispatched, opened) = dispatch_new(&offered, chooser, now);
         for ((record, _), claimed) in new.iter_mut().zip(dispatched) {
             if let Some(claimed) = claimed {
                 *record = claimed;
             }
         }
-        let rows: Vec<(&TaskRecord, &str)> = new.iter().map(|(t, fp)| (t, *fp)).collect();
-        insert_rows(b, tx, &rows).await??;
-        insert_opened(b, tx, &opens).await?;
-    } else {
-        let rows: Vec<(&TaskRecord, &str)> = new.iter().map(|(t, fp)| (t, *fp)).collect();
-        insert_rows(b, tx, &rows).await??;
+        opens = opened;
     }
+    let rows: Vec<(&TaskRecord, &str)> = new.iter().map(|(t, fp)| (t, *fp)).collect();
+    insert_rows(b, tx, &rows).await??;
+    insert_opened(b, tx, &opens).await?;
     for (commit, _) in commits.iter().zip(&won).filter(|(_, won)| **won) {
         insert_fires(b, tx, &commit.schedule.id, &commit.fires).await?;
     }
