@@ -54,8 +54,9 @@ pub(crate) static DIALECT: Dialect = Dialect {
     false_lit: "0",
     // The unary `+` keeps the planner on `tasks_next_at`.
     due_state: "+state",
-    // Without statistics the planner prefers `tasks_state_id`, which
-    // needs a table lookup per row and a sort.
+    // Without statistics the planner may prefer a full index of the state
+    // (`tasks_namespace_state_id`), which needs a table lookup per row and
+    // a sort.
     ready_from: "tasks INDEXED BY tasks_ready_claim",
     concurrency_from: "tasks",
     ended_from: "tasks t INDEXED BY tasks_ended",

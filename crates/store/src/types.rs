@@ -20,7 +20,9 @@ pub struct Created {
 /// Which tasks [`Store::list_tasks`] returns.
 #[derive(Debug, Clone, Default)]
 pub struct TaskFilter {
-    /// Only this namespace (`None`: every namespace, for operators' tools).
+    /// Only this namespace (`None`: every namespace, for operators' tools;
+    /// by state too, such a list reads the table, as no index of the state
+    /// spans the namespaces).
     pub namespace: Option<String>,
     /// Only this state.
     pub state: Option<TaskState>,

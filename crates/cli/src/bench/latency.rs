@@ -308,12 +308,15 @@ async fn count_state(rig: &Rig, state: taskmesh_core::TaskState) -> anyhow::Resu
     }
 }
 
-/// How many tasks of `store` are in `state` (listed a page at a time).
+/// How many tasks of `store` are in `state` (listed a page at a time),
+/// all in the default namespace, where the scenario puts them (a list by
+/// state is indexed within a namespace).
 async fn count_in(
     store: &dyn taskmesh_store::Store,
     state: taskmesh_core::TaskState,
 ) -> anyhow::Result<u64> {
     let mut filter = taskmesh_store::TaskFilter {
+        namespace: Some(taskmesh_core::validate::DEFAULT_NAMESPACE.to_string()),
         state: Some(state),
         limit: 1_000,
         ..taskmesh_store::TaskFilter::default()
