@@ -200,7 +200,7 @@ impl Shared {
             };
             // A full or closed stream: the worker is gone or stuck, and its
             // attempt has already ended in the store.
-            let _ = tx.try_send(Ok(msg));
+            let _ = tx.try_send(Ok(Box::new(msg)));
         }
     }
 }
@@ -583,7 +583,7 @@ async fn push(shared: &Shared, task: TaskRecord) {
             shard_total: task.shard.map_or(0, |s| s.total),
         })),
     };
-    match tx.try_send(Ok(msg)) {
+    match tx.try_send(Ok(Box::new(msg))) {
         Ok(()) => {
             meters::dispatched(&task, shared.clock.now_millis());
             debug!(task_id = %task.id, attempt = task.attempt, execution_id = %execution_id, worker_id = %worker_id, "task pushed");

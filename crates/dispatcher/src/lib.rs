@@ -411,13 +411,13 @@ impl Dispatcher {
                 // this shutdown closes.
                 drain.push.stop();
                 for tx in drain.registry.senders() {
-                    let _ = tx.try_send(Ok(taskmesh::v1::ConnectResponse {
+                    let _ = tx.try_send(Ok(Box::new(taskmesh::v1::ConnectResponse {
                         message: Some(taskmesh::v1::connect_response::Message::Drain(
                             taskmesh::v1::WorkerDrain {
                                 reason: "server shutting down".into(),
                             },
                         )),
-                    }));
+                    })));
                 }
             })
             .await;

@@ -138,7 +138,7 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
             })),
         };
         // The channel is empty and sized above 1: this cannot fail.
-        let _ = tx.try_send(Ok(registered));
+        let _ = tx.try_send(Ok(Box::new(registered)));
         info!(worker_id = %reg.worker_id, session_id = %session_id, handlers = ?reg.handlers, capacity, "worker registered");
         if self.shared.registry.streams_of(&reg.worker_id) == 1 {
             // A worker that reconnects (after its replica died, say) gets a
@@ -165,7 +165,9 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
             }
             .instrument(span),
         );
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            ReceiverStream::new(rx).map(|m| m.map(|m| *m)),
+        )))
     }
 
     async fn register_push_worker(
@@ -385,14 +387,14 @@ fn receipt(tx: &StreamTx, task_id: &str, execution_id: &str, result: Result<(), 
         Ok(()) => (true, String::new()),
         Err(m) => (false, m),
     };
-    let _ = tx.try_send(Ok(pb::ConnectResponse {
+    let _ = tx.try_send(Ok(Box::new(pb::ConnectResponse {
         message: Some(Out::Recorded(pb::ResultRecorded {
             task_id: task_id.to_string(),
             execution_id: execution_id.to_string(),
             accepted,
             message,
         })),
-    }));
+    })));
 }
 
 /// Queues an ACK; returns what must run once it is durable.
@@ -485,9 +487,9 @@ async fn on_complete(
     let tx = tx.clone();
     Some(Box::pin(async move {
         let r = recorded.await;
-        let _ = tx.try_send(Ok(pb::ConnectResponse {
+        let _ = tx.try_send(Ok(Box::new(pb::ConnectResponse {
             message: Some(Out::Recorded(r)),
-        }));
+        })));
     }))
 }
 

@@ -26,7 +26,10 @@ pub(super) struct Link {
 }
 
 impl Link {
-    pub(super) async fn run(self, mut rx: mpsc::Receiver<Result<pb::ConnectResponse, Status>>) {
+    pub(super) async fn run(
+        self,
+        mut rx: mpsc::Receiver<Result<Box<pb::ConnectResponse>, Status>>,
+    ) {
         let every = self.shared.opts.heartbeat_interval;
         let mut tick = tokio::time::interval_at(Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -142,8 +145,8 @@ impl Link {
     }
 
     /// What the engine (or a reaper, or an ACK check) queued for the worker.
-    fn on_queued(&self, msg: Result<pb::ConnectResponse, Status>) {
-        let Ok(pb::ConnectResponse { message: Some(msg) }) = msg else {
+    fn on_queued(&self, msg: Result<Box<pb::ConnectResponse>, Status>) {
+        let Ok(pb::ConnectResponse { message: Some(msg) }) = msg.map(|m| *m) else {
             return;
         };
         match msg {

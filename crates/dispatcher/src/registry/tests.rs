@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 
 use super::*;
 
-type Rx = mpsc::Receiver<Result<pb::ConnectResponse, tonic::Status>>;
+type Rx = mpsc::Receiver<Result<Box<pb::ConnectResponse>, tonic::Status>>;
 
 fn stream(
     reg: &Registry,
