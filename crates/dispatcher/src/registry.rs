@@ -31,9 +31,9 @@ fn key(namespace: &str, handler: &str) -> PoolKey {
 
 /// Messages queued to one worker stream, boxed: a channel allocates its
 /// slots 32 at a time, and a `ConnectResponse` inline is 456 bytes (an
-/// assignment's fields), so every stream held ~14.6 KiB of slots from its
-/// first message; boxed, a slot is 16 bytes and a block 512 (checked
-/// below; docs/BENCHMARKS.md, #15 target 6).
+/// assignment's fields), so every stream held 14.25 KiB of slots from its
+/// start (the first block is made with the channel); boxed, a slot is 16
+/// bytes and a block 512 (checked below; docs/BENCHMARKS.md, #15 target 6).
 pub type StreamTx = mpsc::Sender<Result<Box<pb::ConnectResponse>, tonic::Status>>;
 const _: () = assert!(std::mem::size_of::<Result<Box<pb::ConnectResponse>, tonic::Status>>() <= 16);
 

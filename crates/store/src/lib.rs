@@ -264,8 +264,9 @@ pub trait Store: Send + Sync + 'static {
     async fn due_tasks(&self, now: UnixMillis, limit: usize) -> Result<Vec<TaskRecord>>;
 
     /// Every DISPATCHING or RUNNING task (for recovery after a restart or the
-    /// loss of a worker), in no particular order; read through an index of
-    /// the tasks in flight only.
+    /// loss of a worker), in no particular order; read through a partial
+    /// index of the tasks in flight (MySQL: the claim index, which leads
+    /// with the state).
     async fn in_flight(&self, worker_id: Option<&str>) -> Result<Vec<TaskRecord>>;
 
     /// The earliest `next_at` of any task, if any.

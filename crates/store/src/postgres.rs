@@ -50,6 +50,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     ready_from: "tasks",
     concurrency_from: "tasks",
     ended_from: "tasks t",
+    in_flight_from: "tasks",
     ended_workflows_from: "workflows w",
     bulk: BulkForm::ValuesAliased,
     ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",

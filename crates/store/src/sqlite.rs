@@ -61,6 +61,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     concurrency_from: "tasks",
     ended_from: "tasks t INDEXED BY tasks_ended",
     ended_workflows_from: "workflows w INDEXED BY workflows_ended",
+    in_flight_from: "tasks INDEXED BY tasks_in_flight",
     bulk: BulkForm::ValuesNumbered,
     ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",
 };

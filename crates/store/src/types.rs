@@ -21,8 +21,8 @@ pub struct Created {
 #[derive(Debug, Clone, Default)]
 pub struct TaskFilter {
     /// Only this namespace (`None`: every namespace, for operators' tools;
-    /// by state too, such a list reads the table, as no index of the state
-    /// spans the namespaces).
+    /// by state too, such a list has no index made for it and may read the
+    /// whole table).
     pub namespace: Option<String>,
     /// Only this state.
     pub state: Option<TaskState>,

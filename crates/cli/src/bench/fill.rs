@@ -131,15 +131,17 @@ pub(super) async fn copy_tasks(
     Ok(())
 }
 
-/// How many tasks are in `state`: one `COUNT(*)` (paging through 10^7
-/// tasks with `ListTasks` takes minutes).
+/// How many tasks of the default namespace, where the scenario puts them,
+/// are in `state`: one `COUNT(*)` through the namespace-and-state index
+/// (paging through 10^7 tasks with `ListTasks` takes minutes).
 pub(super) async fn count_state(
     target: &Target,
     state: taskmesh_core::TaskState,
 ) -> anyhow::Result<u64> {
     // The state's name is the bench's own, not input.
     let sql = format!(
-        "SELECT COUNT(*) FROM tasks WHERE state = '{}'",
+        "SELECT COUNT(*) FROM tasks WHERE namespace = '{}' AND state = '{}'",
+        taskmesh_core::validate::DEFAULT_NAMESPACE,
         state.as_str()
     );
     let n: i64 = on_conn!(target, conn => sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str())).fetch_one(&mut conn).await?);

@@ -7,7 +7,8 @@
 //! (claims), `{labels}` / `{template}` (reading a JSON column as text),
 //! `{false}` and `{due_state}` (a SQLite planner hint), `{ready_from}` and
 //! `{ended_from}`, `{ended_workflows_from}` (SQLite and MySQL ones),
-//! `{concurrency_from}` (a MySQL one).
+//! `{concurrency_from}` (a MySQL one), `{in_flight_from}` (SQLite and
+//! MySQL ones).
 //! Placeholders become `$1, $2, …` where the dialect numbers them.
 //!
 //! Statements with a row count in them (multi-row inserts, `IN` lists) come
@@ -70,6 +71,12 @@ pub struct Dialect {
     /// The workflows table of retention's scan of ended workflows, as `w`
     /// (SQLite and MySQL name `workflows_ended`, as for `ended_from`).
     pub ended_workflows_from: &'static str,
+    /// The tasks table of the in-flight scans. SQLite names
+    /// `tasks_in_flight` (without statistics its choice of that partial
+    /// index over reading the table is by a hair); MySQL, which has no
+    /// partial index, `tasks_ready_claim`, whose leading state column
+    /// ranges over the two in-flight states.
+    pub in_flight_from: &'static str,
     /// Bulk compare-and-set form.
     pub bulk: BulkForm,
     /// What follows an insert that must ignore a duplicate of the key
@@ -91,6 +98,7 @@ impl Dialect {
             .replace("{ready_from}", self.ready_from)
             .replace("{ended_from}", self.ended_from)
             .replace("{concurrency_from}", self.concurrency_from)
+            .replace("{in_flight_from}", self.in_flight_from)
             .replace("{ended_workflows_from}", self.ended_workflows_from);
         let mut out = String::with_capacity(text.len() + 64);
         let mut n = 0;

@@ -294,14 +294,17 @@ impl Statements {
                  ORDER BY next_at, id LIMIT ?"
             )),
             // In no order: a sort would cost more than the callers' use of
-            // one (InnoDB reads them by its claim index, which leads with
-            // the state; the others by `tasks_in_flight`).
+            // one. The condition is `tasks_in_flight`'s own, word for word
+            // (SQLite uses a partial index only for a query that repeats its
+            // WHERE term); InnoDB reads them by its claim index, which leads
+            // with the state.
             in_flight: r(&format!(
-                "SELECT {TASK_READ} FROM tasks WHERE state IN ('DISPATCHING', 'RUNNING')"
+                "SELECT {TASK_READ} FROM {{in_flight_from}} \
+                 WHERE state IN ('DISPATCHING', 'RUNNING')"
             )),
             in_flight_of: r(&format!(
-                "SELECT {TASK_READ} FROM tasks WHERE state IN ('DISPATCHING', 'RUNNING') \
-                 AND worker_id = ?"
+                "SELECT {TASK_READ} FROM {{in_flight_from}} \
+                 WHERE state IN ('DISPATCHING', 'RUNNING') AND worker_id = ?"
             )),
             next_due: r("SELECT MIN(next_at) AS v FROM tasks WHERE next_at IS NOT NULL"),
             ready_counts: r(
