@@ -965,7 +965,11 @@ pub async fn tally(store: &dyn Store) -> anyhow::Result<Tally> {
 /// Waits until `expected` tasks have ended, with a progress bar on a
 /// terminal. Gives up when nothing ends for `stall`. The store is asked
 /// only once `submitted` is set: while the generator still submits, a
-/// moment with nothing READY and nothing in flight is not the end.
+/// moment with nothing READY and nothing in flight is not the end. And only
+/// when the feed counted every task ended, or stood still for
+/// [`FEED_STILL`] (it may drop changes under load; then every 500 ms):
+/// asking counts every READY task, a cost of the node's process that grew
+/// with the backlog when it was asked every 500 ms through the drain.
 pub async fn wait_drained(
     rig: &Rig,
     recorder: &Recorder,
@@ -980,8 +984,8 @@ pub async fn wait_drained(
         let ended = recorder.ended.load(Ordering::Relaxed);
         bar.set_position(ended.min(expected));
         // The feed may drop changes under load; the store has the truth.
-        if submitted.load(Ordering::Acquire) && (ended >= expected || Instant::now() >= next_check)
-        {
+        let feed_still = last.1.elapsed() >= FEED_STILL && Instant::now() >= next_check;
+        if submitted.load(Ordering::Acquire) && (ended >= expected || feed_still) {
             next_check = Instant::now() + Duration::from_millis(500);
             if drained(rig.node.store.as_ref()).await? {
                 let at = Instant::now();
@@ -1000,6 +1004,10 @@ pub async fn wait_drained(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// How long the feed of ended tasks stands still before the store is asked
+/// whether the drain is over.
+const FEED_STILL: Duration = Duration::from_secs(1);
 
 /// True when nothing is READY or in flight.
 async fn drained(store: &dyn Store) -> anyhow::Result<bool> {
