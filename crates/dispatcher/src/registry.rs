@@ -34,8 +34,11 @@ fn key(namespace: &str, handler: &str) -> PoolKey {
 /// assignment's fields), so every stream held 14.25 KiB of slots from its
 /// start (the first block is made with the channel); boxed, a slot is 16
 /// bytes and a block 512 (checked below; docs/BENCHMARKS.md, #15 target 6).
-pub type StreamTx = mpsc::Sender<Result<Box<pb::ConnectResponse>, tonic::Status>>;
-const _: () = assert!(std::mem::size_of::<Result<Box<pb::ConnectResponse>, tonic::Status>>() <= 16);
+pub type StreamItem = Result<Box<pb::ConnectResponse>, tonic::Status>;
+const _: () = assert!(std::mem::size_of::<StreamItem>() <= 16);
+
+/// The sending end of one worker stream's queue.
+pub type StreamTx = mpsc::Sender<StreamItem>;
 
 /// What a worker announced when it registered.
 #[derive(Debug, Clone)]

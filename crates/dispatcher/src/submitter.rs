@@ -162,12 +162,12 @@ impl Submitter {
         Self::start_with(store, clock, max_batch, None)
     }
 
-    /// [`Submitter::start`], dispatching at submit with `at_submit`.
+    /// [`Submitter::start`], dispatching at submit with `at_write`.
     pub(crate) fn start_with(
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         max_batch: usize,
-        at_submit: Option<Arc<AtWrite>>,
+        at_write: Option<Arc<AtWrite>>,
     ) -> Self {
         let max_batch = max_batch.max(1);
         // Bounded: past this many queued requests callers wait (and the
@@ -196,9 +196,9 @@ impl Submitter {
                 let now = clock.now_millis();
                 let create = |tasks: Vec<(NewTask, String)>| {
                     let store = store.as_ref();
-                    let at_submit = at_submit.as_ref();
+                    let at_write = at_write.as_ref();
                     async move {
-                        match at_submit {
+                        match at_write {
                             Some(at) => at.create(store, tasks, now).await,
                             None => store.create_tasks(tasks, now).await,
                         }

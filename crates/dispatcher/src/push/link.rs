@@ -26,10 +26,7 @@ pub(super) struct Link {
 }
 
 impl Link {
-    pub(super) async fn run(
-        self,
-        mut rx: mpsc::Receiver<Result<Box<pb::ConnectResponse>, Status>>,
-    ) {
+    pub(super) async fn run(self, mut rx: mpsc::Receiver<crate::registry::StreamItem>) {
         let every = self.shared.opts.heartbeat_interval;
         let mut tick = tokio::time::interval_at(Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -145,7 +142,7 @@ impl Link {
     }
 
     /// What the engine (or a reaper, or an ACK check) queued for the worker.
-    fn on_queued(&self, msg: Result<Box<pb::ConnectResponse>, Status>) {
+    fn on_queued(&self, msg: crate::registry::StreamItem) {
         let Ok(pb::ConnectResponse { message: Some(msg) }) = msg.map(|m| *m) else {
             return;
         };

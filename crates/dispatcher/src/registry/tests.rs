@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 
 use super::*;
 
-type Rx = mpsc::Receiver<Result<Box<pb::ConnectResponse>, tonic::Status>>;
+type Rx = mpsc::Receiver<StreamItem>;
 
 fn stream(
     reg: &Registry,

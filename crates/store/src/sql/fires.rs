@@ -171,17 +171,19 @@ async fn commit_batch<B: Backend>(
         }
         plans.push(plan);
     }
-    let mut opens = Vec::new();
-    if let Some(chooser) = chooser {
-        let offered: Vec<Option<&TaskRecord>> = new.iter().map(|(t, _)| Some(t)).collect();
-        let (dispatched, opened) = dispatch_new(&offered, chooser, now);
-        for ((record, _), claimed) in new.iter_mut().zip(dispatched) {
-            if let Some(claimed) = claimed {
-                *record = claimed;
+    let opens = match chooser {
+        Some(chooser) => {
+            let offered: Vec<Option<&TaskRecord>> = new.iter().map(|(t, _)| Some(t)).collect();
+            let (dispatched, opens) = dispatch_new(&offered, chooser, now);
+            for ((record, _), claimed) in new.iter_mut().zip(dispatched) {
+                if let Some(claimed) = claimed {
+                    *record = claimed;
+                }
             }
+            opens
         }
-        opens = opened;
-    }
+        None => Vec::new(),
+    };
     let rows: Vec<(&TaskRecord, &str)> = new.iter().map(|(t, fp)| (t, *fp)).collect();
     insert_rows(b, tx, &rows).await??;
     insert_opened(b, tx, &opens).await?;
