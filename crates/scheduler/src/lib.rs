@@ -81,6 +81,9 @@ pub struct SchedulerOptions {
     pub registry_grace: Duration,
     /// How long ended tasks are kept ([`retention`]).
     pub retention: retention::Retention,
+    /// Pauses retention and counts what it removed (shared with the
+    /// caller: a clone of the options shares the same control).
+    pub retention_control: Arc<retention::RetentionControl>,
 }
 
 impl Default for SchedulerOptions {
@@ -94,6 +97,7 @@ impl Default for SchedulerOptions {
             fault_hold_round: None,
             registry_grace: Duration::from_secs(15),
             retention: retention::Retention::default(),
+            retention_control: Arc::default(),
         }
     }
 }
@@ -182,8 +186,8 @@ pub struct Scheduler {
     last_token: std::sync::atomic::AtomicU64,
     /// No retention pass before this (clock millis).
     next_retention: std::sync::atomic::AtomicI64,
-    /// Where the next retention pass goes on through the schedules.
-    fire_cursor: std::sync::Mutex<Option<String>>,
+    /// What retention passes remember between them.
+    retention_progress: tokio::sync::Mutex<retention::Progress>,
     /// Commits fires claiming their tasks at once (see [`FireDispatch`]).
     fire_dispatch: Option<Arc<dyn FireDispatch>>,
 }
@@ -212,7 +216,7 @@ impl Scheduler {
             sweep_not_before: std::sync::atomic::AtomicI64::new(0),
             last_token: std::sync::atomic::AtomicU64::new(0),
             next_retention: std::sync::atomic::AtomicI64::new(0),
-            fire_cursor: std::sync::Mutex::new(None),
+            retention_progress: tokio::sync::Mutex::default(),
             fire_dispatch: None,
         }
     }
@@ -254,6 +258,7 @@ impl Scheduler {
             "scheduler started"
         );
         let mut changes = self.store.subscribe();
+        let mut retention_paused = self.opts.retention_control.watch();
         // The lease must be renewed well within its TTL even when nothing is
         // due, and a standby must notice a free lease soon: a round (which
         // starts with acquire-or-renew) at least every renew interval.
@@ -272,10 +277,15 @@ impl Scheduler {
             }
             // Wait for a reason to run the next round: retention's next
             // pass is one (a standby's is put off by IDLE_PAUSE each round).
-            let retention_in = Duration::from_millis(
-                (self.next_retention.load(Ordering::Relaxed) - self.clock.now_millis()).max(0)
-                    as u64,
-            );
+            // A paused retention is no reason at all until it resumes.
+            let retention_in = if *retention_paused.borrow_and_update() {
+                Duration::from_secs(3_600)
+            } else {
+                Duration::from_millis(
+                    (self.next_retention.load(Ordering::Relaxed) - self.clock.now_millis()).max(0)
+                        as u64,
+                )
+            };
             let retention_due = tokio::time::sleep(retention_in);
             tokio::pin!(retention_due);
             loop {
@@ -288,6 +298,7 @@ impl Scheduler {
                     _ = engine.next_wake() => break,
                     _ = renew.tick() => break,
                     _ = &mut retention_due => break,
+                    _ = retention_paused.changed() => break,
                     // After a failed round (store or coordination down), try
                     // again soon whatever the engine says.
                     _ = tokio::time::sleep(Duration::from_secs(1)), if failed => break,
@@ -348,19 +359,23 @@ impl Scheduler {
             self.last_sweep.store(now, Ordering::Relaxed);
             self.sweep_orphans(now, lease.token).await?;
         }
-        if now >= self.next_retention.load(Ordering::Relaxed) {
-            let mut cursor = self
-                .fire_cursor
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
+        if now >= self.next_retention.load(Ordering::Relaxed)
+            && !self.opts.retention_control.is_paused()
+        {
+            let mut progress = self.retention_progress.lock().await;
             let started = std::time::Instant::now();
-            let done =
-                retention::pass(self.store.as_ref(), &self.opts.retention, now, &mut cursor).await;
+            let done = retention::pass(
+                self.store.as_ref(),
+                &self.opts.retention,
+                now,
+                &mut progress,
+            )
+            .await;
             let took = started.elapsed();
-            *self.fire_cursor.lock().unwrap_or_else(|e| e.into_inner()) = cursor;
+            drop(progress);
             let pause = match done {
                 Ok((removed, more)) => {
+                    self.opts.retention_control.count(removed, took);
                     if removed > 0 {
                         debug!(
                             removed,

@@ -16,6 +16,7 @@
 //! leader removing rows
 //! past their horizon removes what the new leader would.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use taskmesh_core::{TaskState, UnixMillis};
@@ -79,6 +80,71 @@ pub struct Retention {
     pub batch: usize,
     /// Fire records kept per schedule (the newest); at least 1.
     pub fire_history: u32,
+}
+
+/// A switch and a tally shared with whoever runs the node: retention can
+/// be paused (a pass under way finishes; none starts until resumed) and
+/// counts every row it removed. `taskmesh bench --retention-windows`
+/// uses it to measure the live path with removal on and off in turns
+/// beside one backlog.
+#[derive(Debug)]
+pub struct RetentionControl {
+    paused: tokio::sync::watch::Sender<bool>,
+    removed: AtomicU64,
+    passes: AtomicU64,
+    pass_micros: AtomicU64,
+}
+
+impl Default for RetentionControl {
+    /// Running, nothing removed yet.
+    fn default() -> Self {
+        Self {
+            paused: tokio::sync::watch::Sender::new(false),
+            removed: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+            pass_micros: AtomicU64::new(0),
+        }
+    }
+}
+
+impl RetentionControl {
+    /// Pauses (`true`) or resumes (`false`) removal.
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.send_replace(paused);
+    }
+
+    /// Whether removal is paused.
+    pub fn is_paused(&self) -> bool {
+        *self.paused.borrow()
+    }
+
+    /// Told of every pause and resume.
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.paused.subscribe()
+    }
+
+    /// Rows removed since the node started (tasks, workflows and their
+    /// steps, fire records).
+    pub fn removed(&self) -> u64 {
+        self.removed.load(Ordering::Relaxed)
+    }
+
+    /// Passes run since the node started, and the time they took in all
+    /// (µs of wall time, from the first read to the last commit).
+    pub fn passes(&self) -> (u64, u64) {
+        (
+            self.passes.load(Ordering::Relaxed),
+            self.pass_micros.load(Ordering::Relaxed),
+        )
+    }
+
+    /// A pass that removed `n` rows in `took`.
+    pub(crate) fn count(&self, n: u64, took: Duration) {
+        self.removed.fetch_add(n, Ordering::Relaxed);
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        self.pass_micros
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
 }
 
 /// Schedules whose fire history one pass looks at (the next page each
@@ -149,21 +215,40 @@ impl Retention {
     }
 }
 
+/// What passes remember between them: where the fire trim goes on, and
+/// what was found with nothing to remove (looked at again only after
+/// [`IDLE_PAUSE`], so while one state drains a backlog every
+/// [`BUSY_PAUSE`] or so, the others cost no reads).
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// The last schedule whose fire history was looked at.
+    fire_cursor: Option<String>,
+    /// Per state, in [`Retention::horizons`] order: no scan before this.
+    quiet_until: [UnixMillis; 4],
+    /// No look at fire histories before this.
+    fires_quiet_until: UnixMillis,
+}
+
 /// One pass at `now`: a batch per state with a horizon, then the fire
-/// history of the next page of schedules after `cursor` (which moves on,
-/// back to the start after the last page). Returns how many rows went and
-/// whether a batch was full (more is waiting).
+/// history of the next page of schedules (back to the first after the
+/// last page); a state, or the fire histories, found with nothing more
+/// to remove is left out until [`IDLE_PAUSE`] later. Returns how many rows
+/// went and whether a batch was full (more is waiting).
 pub async fn pass(
     store: &dyn Store,
     retention: &Retention,
     now: UnixMillis,
-    cursor: &mut Option<String>,
+    progress: &mut Progress,
 ) -> taskmesh_store::Result<(u64, bool)> {
+    let idle_ms = IDLE_PAUSE.as_millis() as i64;
     let mut removed = 0;
     let mut more = false;
     // A small table: the horizons set per namespace and handler.
     let rules = store.retention_rules(None).await?;
-    for (state, horizon) in retention.horizons() {
+    for (k, (state, horizon)) in retention.horizons().into_iter().enumerate() {
+        if now < progress.quiet_until[k] {
+            continue;
+        }
         let default_ms = match horizon {
             Some(h) => i64::try_from(h.as_millis()).unwrap_or(KEEP_MS).min(KEEP_MS),
             // Kept by the server: only tasks with a horizon of their own go.
@@ -178,7 +263,6 @@ pub async fn pass(
                 .increment(n);
         }
         removed += n;
-        more |= n as usize >= retention.batch;
         // Workflows that ended so, each with all its steps.
         let (workflows, steps) = store
             .remove_ended_workflows(state, now, default_ms, retention.batch)
@@ -192,25 +276,37 @@ pub async fn pass(
                 .increment(steps);
         }
         removed += workflows + steps;
-        more |= steps as usize >= retention.batch;
-    }
-    let keep = retention.fire_history.max(1);
-    let (page, next) = store
-        .list_schedules(None, cursor.as_deref(), SCHEDULES_PER_PASS)
-        .await?;
-    for s in page {
-        // Records ever written: nothing to trim below the cap.
-        if s.fire_count + s.skipped_count <= u64::from(keep) {
-            continue;
+        let full = n as usize >= retention.batch || steps as usize >= retention.batch;
+        if !full {
+            progress.quiet_until[k] = now.saturating_add(idle_ms);
         }
-        let n = store.trim_fires(&s.id, keep, retention.batch).await?;
-        if n > 0 {
-            metrics::counter!(crate::meters::RETENTION_REMOVED, "kind" => "fires").increment(n);
-        }
-        removed += n;
-        more |= n as usize >= retention.batch;
+        more |= full;
     }
-    *cursor = next;
+    if now >= progress.fires_quiet_until {
+        let keep = retention.fire_history.max(1);
+        let (page, next) = store
+            .list_schedules(None, progress.fire_cursor.as_deref(), SCHEDULES_PER_PASS)
+            .await?;
+        let mut full = false;
+        for s in page {
+            // Records ever written: nothing to trim below the cap.
+            if s.fire_count + s.skipped_count <= u64::from(keep) {
+                continue;
+            }
+            let n = store.trim_fires(&s.id, keep, retention.batch).await?;
+            if n > 0 {
+                metrics::counter!(crate::meters::RETENTION_REMOVED, "kind" => "fires").increment(n);
+            }
+            removed += n;
+            full |= n as usize >= retention.batch;
+        }
+        // Through every schedule with nothing left over: rest a while.
+        if next.is_none() && !full {
+            progress.fires_quiet_until = now.saturating_add(idle_ms);
+        }
+        progress.fire_cursor = next;
+        more |= full;
+    }
     Ok((removed, more))
 }
 

@@ -50,6 +50,8 @@ struct Fixture {
     reaped: mpsc::Receiver<Reaped>,
     breakers: Breakers,
     coord: Arc<LocalCoordinator>,
+    /// The scheduler's retention switch and tally.
+    retention: Arc<taskmesh_scheduler::retention::RetentionControl>,
 }
 
 async fn fixture() -> Fixture {
@@ -65,6 +67,7 @@ async fn fixture_with(opts: SchedulerOptions) -> Fixture {
     // connected worker would be (the leader's orphan sweep checks).
     coord.put_worker(worker_entry("w")).await.unwrap();
     let (tx, reaped) = mpsc::channel(64);
+    let retention = opts.retention_control.clone();
     let breakers = Breakers::new(BreakerOptions {
         window: 10,
         min_samples: 3,
@@ -88,6 +91,7 @@ async fn fixture_with(opts: SchedulerOptions) -> Fixture {
         reaped,
         breakers,
         coord,
+        retention,
     }
 }
 
@@ -717,6 +721,107 @@ async fn retention_removes_ended_tasks_past_their_horizon_and_nothing_else() {
     );
 }
 
+/// Creates `task` and ends it at T0: FAILED (dispatched to "w", ACKed,
+/// failed for good) or CANCELLED; its id.
+async fn end_at_t0(store: &Arc<dyn Store>, task: NewTask, fail: bool) -> String {
+    let t = store.create_task(task, "fp", T0).await.unwrap().task;
+    let exec = format!("exec-{}", t.id);
+    let events = if fail {
+        vec![
+            Event::Dispatch {
+                execution_id: exec.clone(),
+                worker_id: "w".into(),
+                ack_deadline: T0 + MIN,
+            },
+            Event::Ack {
+                execution_id: exec.clone(),
+                at: None,
+            },
+            Event::Fail {
+                execution_id: exec,
+                message: "planned".into(),
+                retryable: false,
+                jitter: 0.0,
+            },
+        ]
+    } else {
+        vec![Event::Cancel {
+            reason: "stop".into(),
+        }]
+    };
+    for event in &events {
+        store.transition(&t.id, event, T0).await.unwrap();
+    }
+    let t = store.get_task(&t.id).await.unwrap().unwrap();
+    assert!(t.state.is_terminal(), "{:?}", t.state);
+    t.id
+}
+
+/// While one state drains a backlog a batch a pass, a state found with
+/// nothing more to remove is not read again until `IDLE_PAUSE` later (its
+/// newly eligible task waits that long), and the paused control stops
+/// passes altogether and counts what went.
+#[tokio::test]
+async fn retention_rests_a_state_it_found_empty_while_another_drains() {
+    use taskmesh_scheduler::retention::{IDLE_PAUSE, Retention};
+    let ten_min = std::time::Duration::from_secs(600);
+    let f = fixture_with(SchedulerOptions {
+        retention: Retention {
+            cancelled: Some(ten_min),
+            failed: Some(ten_min),
+            batch: 2,
+            ..Retention::keep_all()
+        },
+        ..SchedulerOptions::default()
+    })
+    .await;
+    let ended = |fail: bool| end_at_t0(&f.store, NewTask::new("echo", T0), fail);
+    let exists = |id: String| {
+        let store = f.store.clone();
+        async move { store.get_task(&id).await.unwrap().is_some() }
+    };
+    let mut cancelled = Vec::new();
+    for _ in 0..6 {
+        cancelled.push(ended(false).await);
+    }
+    let first_failed = ended(true).await;
+    let start = T0 + 11 * MIN;
+    f.round_at(start).await;
+    assert!(!exists(first_failed).await, "FAILED: past its horizon");
+    let left = |ids: Vec<String>| async move {
+        let mut n = 0;
+        for id in ids {
+            n += usize::from(exists(id).await);
+        }
+        n
+    };
+    assert_eq!(left(cancelled.clone()).await, 4, "a batch of 2 went");
+    // A FAILED task past its horizon now, while CANCELLED still drains.
+    let late_failed = ended(true).await;
+    f.round_at(start + SEC).await;
+    assert_eq!(left(cancelled.clone()).await, 2, "the next batch went");
+    assert!(
+        exists(late_failed.clone()).await,
+        "FAILED was found empty a second ago: not read again yet"
+    );
+    // Paused: nothing goes, whatever is due.
+    let control = f.retention.clone();
+    let before = control.removed();
+    control.set_paused(true);
+    f.round_at(start + 2 * SEC).await;
+    assert_eq!(left(cancelled.clone()).await, 2, "paused: no pass");
+    assert_eq!(control.removed(), before);
+    control.set_paused(false);
+    let rested = start + IDLE_PAUSE.as_millis() as i64 + 2 * SEC;
+    f.round_at(rested).await;
+    assert!(
+        !exists(late_failed).await,
+        "FAILED read again once it had rested"
+    );
+    assert_eq!(left(cancelled).await, 0, "the last batch went");
+    assert_eq!(control.removed(), before + 3, "two CANCELLED, one FAILED");
+}
+
 /// Horizons set for a namespace and for a handler (through the store, as
 /// `Admin.SetRetention` does) decide over the server's on the leader's
 /// rounds, also for a state the server keeps forever.
@@ -749,44 +854,11 @@ async fn retention_follows_namespace_and_handler_horizons_on_the_fake_clock() {
         .await
         .unwrap();
     let ended = |namespace: &'static str, handler: &'static str, fail: bool| {
-        let store = f.store.clone();
-        async move {
-            let task = NewTask {
-                namespace: namespace.into(),
-                ..NewTask::new(handler, T0)
-            };
-            let t = store.create_task(task, "fp", T0).await.unwrap().task;
-            let exec = format!("exec-{}", t.id);
-            let events = if fail {
-                vec![
-                    Event::Dispatch {
-                        execution_id: exec.clone(),
-                        worker_id: "w".into(),
-                        ack_deadline: T0 + MIN,
-                    },
-                    Event::Ack {
-                        execution_id: exec.clone(),
-                        at: None,
-                    },
-                    Event::Fail {
-                        execution_id: exec,
-                        message: "planned".into(),
-                        retryable: false,
-                        jitter: 0.0,
-                    },
-                ]
-            } else {
-                vec![Event::Cancel {
-                    reason: "stop".into(),
-                }]
-            };
-            for event in &events {
-                store.transition(&t.id, event, T0).await.unwrap();
-            }
-            let t = store.get_task(&t.id).await.unwrap().unwrap();
-            assert!(t.state.is_terminal(), "{:?}", t.state);
-            t.id
-        }
+        let task = NewTask {
+            namespace: namespace.into(),
+            ..NewTask::new(handler, T0)
+        };
+        end_at_t0(&f.store, task, fail)
     };
     let plain = ended("default", "echo", false).await;
     let long = ended("long", "echo", false).await;

@@ -169,6 +169,13 @@ pub(crate) mod testing {
             // Workflow retention: ended workflows in the order they ended.
             ("workflows_ended", &sql.ended_workflows, "tiiii"),
             ("tasks_workflow", &sql.workflow_step_ids, "ti"),
+            // Its delete goes by id (the states beside it match every
+            // ended task).
+            (
+                "sqlite_autoindex_tasks_1|tasks_pkey|PRIMARY",
+                sql.delete_ended.get(4),
+                "tttt",
+            ),
             // GetStats' queues, by the claim's index.
             ("tasks_ready_claim", &sql.stats_queues, "n"),
             // A workflow's steps, and its parents' outputs at a claim.
