@@ -55,6 +55,11 @@ pub struct LatencyReport {
     pub retention_succeeded_s: Option<f64>,
     /// Ended tasks removed per state per pass (`--retention-batch`).
     pub retention_batch: u32,
+    /// `--retention-windows`: how long each window was (s), each
+    /// window's figures, and the windows side by side.
+    pub retention_window_s: Option<f64>,
+    pub windows: Vec<Window>,
+    pub windows_summary: Option<WindowsSummary>,
     /// SQLite: every 10 s of the run, the seconds since its start, the
     /// database file's and its WAL's bytes, and the SUCCEEDED tasks kept;
     /// empty on other stores.
@@ -121,7 +126,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
             }
         })
     });
-    let result = measure(&rig, tasks, rate).await;
+    let result = measure_with(&rig, tasks, rate, args.retention_windows).await;
     stop_sampling.cancel();
     let sqlite_samples = match sampler {
         Some(sampler) => sampler.await.unwrap_or_default(),
@@ -147,11 +152,17 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         removal_window_s,
         retention_succeeded_s: args.retention_succeeded.map(|d| d.as_secs_f64()),
         retention_batch: super::load::retention_batch(args),
+        retention_window_s: args.retention_windows.map(|w| w.as_secs_f64()),
+        windows_summary: match (&result, args.retention_windows) {
+            (Ok((_, windows)), Some(w)) => WindowsSummary::of(windows, w),
+            _ => None,
+        },
+        windows: result.as_ref().map(|(_, w)| w.clone()).unwrap_or_default(),
         sqlite_bytes: sqlite_samples,
         workers: args.workers,
         worker_concurrency: args.worker_concurrency,
         workers_as: args.workers_as,
-        measured: result?,
+        measured: result?.0,
     })
 }
 
@@ -203,7 +214,43 @@ pub struct Measured {
 /// Sends `tasks` arrivals at `rate` to `rig` (whose workers stamp their
 /// starts) and waits until they have ended; the figures of that run.
 pub(super) async fn measure(rig: &Rig, tasks: usize, rate: f64) -> anyhow::Result<Measured> {
+    Ok(measure_with(rig, tasks, rate, None).await?.0)
+}
+
+/// [`measure`], with retention paused and resumed in turns of `windows`
+/// (off first) from the first arrival; the figures of each window by the
+/// instant its tasks were submitted.
+async fn measure_with(
+    rig: &Rig,
+    tasks: usize,
+    rate: f64,
+    windows: Option<Duration>,
+) -> anyhow::Result<(Measured, Vec<Window>)> {
     let recorder = Recorder::start(rig.node.store.clone(), true);
+    let origin = Instant::now();
+    let stop_turns = tokio_util::sync::CancellationToken::new();
+    let turns = windows.map(|w| {
+        let control = rig.retention.clone();
+        let stop = stop_turns.clone();
+        tokio::spawn(async move {
+            // What the switch had counted, and whether on, at each
+            // window's start.
+            let mut starts = Vec::new();
+            loop {
+                let on = starts.len() % 2 == 1;
+                control.set_paused(!on);
+                starts.push(Turn::read(&control, on));
+                let next = origin + w * starts.len() as u32;
+                tokio::select! {
+                    () = tokio::time::sleep_until(next.into()) => {}
+                    () = stop.cancelled() => break,
+                }
+            }
+            control.set_paused(true);
+            starts.push(Turn::read(&control, false));
+            starts
+        })
+    });
     let result = async {
         let mark = rig.cpu_mark();
         let ((submitted, late), generator_cpu) =
@@ -215,11 +262,21 @@ pub(super) async fn measure(rig: &Rig, tasks: usize, rate: f64) -> anyhow::Resul
         Ok::<_, anyhow::Error>((submitted, late, cpu))
     }
     .await;
+    stop_turns.cancel();
+    let turns = match turns {
+        Some(t) => t.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
     let missed = recorder.missed.load(Ordering::Relaxed);
     let seen = recorder.finish().await;
     let (submitted, late, cpu) = result?;
-    let [dispatch, start, ack, complete] = histograms(&submitted, &seen, &rig.started()?)?;
-    Ok(Measured {
+    let started = rig.started()?;
+    let [dispatch, start, ack, complete] = histograms(&submitted, &seen, &started)?;
+    let windows = match windows {
+        Some(w) => split_windows(&submitted, &seen, &started, origin, w, &turns)?,
+        None => Vec::new(),
+    };
+    let measured = Measured {
         tasks: submitted.len() as u64,
         generator_late: Percentiles::of(&late),
         submit_to_dispatch: Percentiles::of(&dispatch),
@@ -228,7 +285,112 @@ pub(super) async fn measure(rig: &Rig, tasks: usize, rate: f64) -> anyhow::Resul
         submit_to_complete: Percentiles::of(&complete),
         missed_changes: missed,
         cpu,
-    })
+    };
+    Ok((measured, windows))
+}
+
+/// One window of a `--retention-windows` run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Window {
+    /// Seconds from the first arrival to the window's start.
+    pub from_s: f64,
+    /// Whether retention ran through it.
+    pub retention: bool,
+    /// Rows retention removed in it.
+    pub removed: u64,
+    /// Retention passes in it, and how long one took on average (ms).
+    pub passes: u64,
+    pub pass_ms_mean: f64,
+    /// Submit → start of the tasks submitted in it.
+    pub submit_to_start: Percentiles,
+    /// Submit → ACK durable of those tasks.
+    pub submit_to_ack_durable: Percentiles,
+}
+
+/// What the retention switch had counted at a window's start.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    on: bool,
+    removed: u64,
+    passes: u64,
+    pass_micros: u64,
+}
+
+impl Turn {
+    fn read(control: &taskmesh_scheduler::retention::RetentionControl, on: bool) -> Self {
+        let (passes, pass_micros) = control.passes();
+        Self {
+            on,
+            removed: control.removed(),
+            passes,
+            pass_micros,
+        }
+    }
+}
+
+/// The submit → start and → ACK durable figures of each window of `w`
+/// from `origin`, by the instant each task was submitted; `turns` is what
+/// the switch recorded at each window's start (and once at the end).
+fn split_windows(
+    submitted: &[Submitted],
+    seen: &HashMap<String, Seen>,
+    started: &HashMap<String, Instant>,
+    origin: Instant,
+    w: Duration,
+    turns: &[Turn],
+) -> anyhow::Result<Vec<Window>> {
+    let n = turns.len().saturating_sub(1);
+    let new = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3);
+    let mut h = (0..n)
+        .map(|_| Ok::<_, hdrhistogram::CreationError>([new()?, new()?]))
+        .collect::<Result<Vec<_>, _>>()?;
+    let us =
+        |from: Instant, to: Instant| (to.saturating_duration_since(from).as_micros() as u64).max(1);
+    for (id, at) in submitted {
+        let k = (at.saturating_duration_since(origin).as_secs_f64() / w.as_secs_f64()) as usize;
+        let Some([start, ack]) = h.get_mut(k) else {
+            continue;
+        };
+        if let Some(t) = started.get(id) {
+            start.saturating_record(us(*at, *t));
+        }
+        if let Some(t) = seen.get(id).and_then(|s| s.running) {
+            ack.saturating_record(us(*at, t));
+        }
+    }
+    Ok(h.iter()
+        .enumerate()
+        .filter(|(_, [start, _])| !start.is_empty())
+        .map(|(k, [start, ack])| {
+            let (from, to) = (&turns[k], &turns[k + 1]);
+            let passes = to.passes.saturating_sub(from.passes);
+            let micros = to.pass_micros.saturating_sub(from.pass_micros);
+            Window {
+                from_s: (w * k as u32).as_secs_f64(),
+                retention: from.on,
+                removed: to.removed.saturating_sub(from.removed),
+                passes,
+                pass_ms_mean: micros as f64 / 1_000.0 / passes.max(1) as f64,
+                submit_to_start: Percentiles::of(start),
+                submit_to_ack_durable: Percentiles::of(ack),
+            }
+        })
+        .collect())
+}
+
+/// The windows' figures side by side: all tasks of the windows without
+/// retention, all of those with it, and each pair's p99 (off, then on).
+#[derive(Debug, Clone, Serialize)]
+pub struct WindowsSummary {
+    /// Each window's p99 start, off then on, as pairs: the change in %.
+    pub pair_p99_change_pct: Vec<f64>,
+    /// Their median.
+    pub median_pair_p99_change_pct: f64,
+    /// The median p99 of the windows without and with retention.
+    pub median_p99_off_ms: f64,
+    pub median_p99_on_ms: f64,
+    /// Rows removed per second of the windows with retention.
+    pub removed_per_s_on: f64,
 }
 
 /// Submits `pending` tasks due an hour later, in calls of `batch`.
@@ -517,6 +679,172 @@ pub fn print(r: &LatencyReport) {
             r.measured.missed_changes.to_string(),
         ),
     ];
+    for (k, w) in r.windows.iter().enumerate() {
+        rows.push((
+            format!(
+                "window {k} from {:.0} s, retention {}: start p50/p99 ms, ACK p99, removed, passes (mean ms)",
+                w.from_s,
+                if w.retention { "on" } else { "off" }
+            ),
+            format!(
+                "{:.2} / {:.2}, {:.2}, {}, {} ({:.1})",
+                w.submit_to_start.p50_ms,
+                w.submit_to_start.p99_ms,
+                w.submit_to_ack_durable.p99_ms,
+                w.removed,
+                w.passes,
+                w.pass_ms_mean
+            ),
+        ));
+    }
+    if let Some(s) = &r.windows_summary {
+        rows.push((
+            "windows: median p99 start off / on ms; pairs' p99 change".into(),
+            format!(
+                "{:.2} / {:.2}; median {:+.1} % ({}); removed {:.0}/s while on",
+                s.median_p99_off_ms,
+                s.median_p99_on_ms,
+                s.median_pair_p99_change_pct,
+                s.pair_p99_change_pct
+                    .iter()
+                    .map(|c| format!("{c:+.1} %"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                s.removed_per_s_on
+            ),
+        ));
+    }
     rows.extend(load::cpu_rows(&r.measured.cpu));
     load::print_rows("scenario: latency", &rows);
+}
+
+impl WindowsSummary {
+    /// Of `windows` (off and on in turns, off first), each `w` long.
+    pub fn of(windows: &[Window], w: Duration) -> Option<Self> {
+        let median = |mut v: Vec<f64>| -> f64 {
+            if v.is_empty() {
+                return f64::NAN;
+            }
+            v.sort_by(f64::total_cmp);
+            let m = v.len() / 2;
+            if v.len() % 2 == 1 {
+                v[m]
+            } else {
+                (v[m - 1] + v[m]) / 2.0
+            }
+        };
+        let pairs: Vec<f64> = windows
+            .chunks_exact(2)
+            .filter(|p| !p[0].retention && p[1].retention)
+            .map(|p| (p[1].submit_to_start.p99_ms / p[0].submit_to_start.p99_ms - 1.0) * 100.0)
+            .collect();
+        if pairs.is_empty() {
+            return None;
+        }
+        let p99s = |on: bool| {
+            windows
+                .iter()
+                .filter(|x| x.retention == on)
+                .map(|x| x.submit_to_start.p99_ms)
+                .collect::<Vec<_>>()
+        };
+        let on: Vec<&Window> = windows.iter().filter(|x| x.retention).collect();
+        let removed: u64 = on.iter().map(|x| x.removed).sum();
+        Some(Self {
+            median_pair_p99_change_pct: median(pairs.clone()),
+            pair_p99_change_pct: pairs,
+            median_p99_off_ms: median(p99s(false)),
+            median_p99_on_ms: median(p99s(true)),
+            removed_per_s_on: removed as f64 / (w.as_secs_f64() * on.len() as f64),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(retention: bool, p99_ms: f64, removed: u64) -> Window {
+        let p = Percentiles {
+            count: 100,
+            p50_ms: p99_ms / 4.0,
+            p90_ms: p99_ms / 2.0,
+            p99_ms,
+            max_ms: p99_ms * 2.0,
+        };
+        Window {
+            from_s: 0.0,
+            retention,
+            removed,
+            passes: 1,
+            pass_ms_mean: 1.0,
+            submit_to_start: p.clone(),
+            submit_to_ack_durable: p,
+        }
+    }
+
+    #[test]
+    fn windows_pair_off_then_on_and_take_medians() {
+        let w = [
+            window(false, 10.0, 0),
+            window(true, 11.0, 100),
+            window(false, 20.0, 0),
+            window(true, 18.0, 300),
+            window(false, 10.0, 0),
+            window(true, 15.0, 200),
+        ];
+        let s = WindowsSummary::of(&w, Duration::from_secs(10)).expect("three pairs");
+        let rounded: Vec<i64> = s
+            .pair_p99_change_pct
+            .iter()
+            .map(|c| c.round() as i64)
+            .collect();
+        assert_eq!(rounded, [10, -10, 50]);
+        assert_eq!(s.median_pair_p99_change_pct.round() as i64, 10);
+        assert_eq!(s.median_p99_off_ms, 10.0);
+        assert_eq!(s.median_p99_on_ms, 15.0);
+        assert_eq!(
+            s.removed_per_s_on, 20.0,
+            "600 rows in 30 s with retention on"
+        );
+        assert!(
+            WindowsSummary::of(&w[..1], Duration::from_secs(10)).is_none(),
+            "no pair"
+        );
+    }
+
+    #[test]
+    fn tasks_fall_in_the_window_they_were_submitted_in() {
+        let origin = Instant::now();
+        let w = Duration::from_secs(10);
+        let at = |s: u64| origin + Duration::from_secs(s);
+        let submitted: Vec<Submitted> = vec![
+            ("a".into(), at(1)),
+            ("b".into(), at(12)),
+            ("c".into(), at(13)),
+        ];
+        let started: HashMap<String, Instant> = [
+            ("a".to_string(), at(1) + Duration::from_millis(5)),
+            ("b".to_string(), at(12) + Duration::from_millis(40)),
+            ("c".to_string(), at(13) + Duration::from_millis(40)),
+        ]
+        .into();
+        let turn = |on, removed, passes| Turn {
+            on,
+            removed,
+            passes,
+            pass_micros: passes * 2_000,
+        };
+        let turns = [turn(false, 0, 0), turn(true, 0, 0), turn(false, 64, 4)];
+        let windows =
+            split_windows(&submitted, &HashMap::new(), &started, origin, w, &turns).unwrap();
+        assert_eq!(windows.len(), 2);
+        assert!(!windows[0].retention && windows[1].retention);
+        assert_eq!(windows[0].submit_to_start.count, 1);
+        assert_eq!(windows[1].submit_to_start.count, 2);
+        assert!((windows[1].submit_to_start.p99_ms - 40.0).abs() < 0.1);
+        assert_eq!((windows[1].removed, windows[1].passes), (64, 4));
+        assert_eq!(windows[1].pass_ms_mean, 2.0);
+        assert_eq!(windows[0].submit_to_ack_durable.count, 0, "no ACK seen");
+    }
 }

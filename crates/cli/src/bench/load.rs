@@ -101,6 +101,13 @@ pub struct LoadArgs {
     /// load with retention on (sampled every 10 s).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub retention_succeeded: Option<Duration>,
+    /// `latency --ended N`: retention is paused through the fill, then
+    /// off and on in turns for windows this long through the run (off
+    /// first), so one backlog and one sitting give both figures; the
+    /// report splits the latencies by the window each task was submitted
+    /// in. `--duration` should hold several pairs.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub retention_windows: Option<Duration>,
     /// Ended tasks the node's retention removes per state per pass, and
     /// fire records per schedule (as `serve --retention-batch`: 256 on
     /// SQLite, 64 on Postgres and MySQL unless given).
@@ -152,6 +159,16 @@ impl LoadArgs {
             (1..=10_000).contains(&self.fleet),
             "--fleet must be 1..=10000"
         );
+        if let Some(w) = self.retention_windows {
+            anyhow::ensure!(
+                self.ended > 0 && !self.no_retention,
+                "--retention-windows needs --ended and retention on (no --no-retention)"
+            );
+            anyhow::ensure!(
+                w >= Duration::from_secs(1) && self.duration >= w * 2,
+                "--retention-windows must be at least 1s, and --duration at least two windows"
+            );
+        }
         Ok(())
     }
 }
@@ -258,6 +275,8 @@ pub struct Rig {
     /// One instant on both clocks: the monotonic one the bench measures
     /// with, and the wall clock (µs since the epoch) stamps are written in.
     epoch: (Instant, u128),
+    /// The node's retention switch and tally.
+    pub retention: std::sync::Arc<taskmesh_scheduler::retention::RetentionControl>,
 }
 
 enum Workers {
@@ -303,6 +322,9 @@ impl Rig {
             opts.scheduler.retention.succeeded = Some(horizon);
         }
         opts.scheduler.retention.batch = retention_batch(args) as usize;
+        let retention = opts.scheduler.retention_control.clone();
+        // In turns from the run's start; not through the fill.
+        retention.set_paused(args.retention_windows.is_some());
         // Nor the per-client connection limit: every connection of a bench
         // comes from 127.0.0.1 (`--scenario workers` opens up to 10,000).
         opts.conn_limits.max_total = 16_384;
@@ -366,6 +388,7 @@ impl Rig {
             store_label,
             stamps: None,
             epoch: (Instant::now(), crate::ledger::unix_micros()),
+            retention,
         })
     }
 
