@@ -39,31 +39,51 @@ pub fn of_pid(pid: u32) -> Option<Duration> {
     parse_stat(&text, ticks_per_second())
 }
 
-/// User plus system CPU time so far of every process whose command name is
-/// `comm` (e.g. the `postgres` server's backends), from `/proc`. Processes
-/// that start or end between two readings make the difference approximate.
-pub fn of_command(comm: &str) -> Duration {
+/// User plus system CPU time so far of each process whose command name is
+/// `comm` (e.g. the `postgres` server's backends), by pid, from `/proc`.
+pub fn of_command(comm: &str) -> Processes {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Duration::ZERO;
+        return Processes::default();
     };
     let ticks = ticks_per_second();
-    dir.filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .filter(|text| {
-            let name = text
-                .find('(')
-                .zip(text.rfind(')'))
-                .map(|(a, b)| &text[a + 1..b]);
-            name == Some(comm)
-        })
-        .filter_map(|text| parse_stat(&text, ticks))
-        .sum()
+    Processes(
+        dir.filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                let text = std::fs::read_to_string(e.path().join("stat")).ok()?;
+                let name = text
+                    .find('(')
+                    .zip(text.rfind(')'))
+                    .map(|(a, b)| &text[a + 1..b]);
+                (name == Some(comm)).then_some(())?;
+                Some((pid, parse_stat(&text, ticks)?))
+            })
+            .collect(),
+    )
+}
+
+/// CPU time so far by pid ([`of_command`]).
+#[derive(Debug, Clone, Default)]
+pub struct Processes(pub std::collections::HashMap<u32, Duration>);
+
+impl Processes {
+    /// The CPU these processes used since `earlier`: each one's growth
+    /// (all of it for one started since). One that ended meanwhile counts
+    /// for nothing, where a difference of sums took its whole past off
+    /// the others' (the `--ended` runs on Postgres read 0.0 s of database
+    /// CPU; which backend ended was not looked into).
+    pub fn since(&self, earlier: &Processes) -> Duration {
+        self.0
+            .iter()
+            .map(|(pid, now)| now.saturating_sub(earlier.0.get(pid).copied().unwrap_or_default()))
+            .sum()
+    }
+
+    /// These and `other`'s together.
+    pub fn with(mut self, other: Processes) -> Self {
+        self.0.extend(other.0);
+        self
+    }
 }
 
 fn ticks_per_second() -> u64 {
@@ -96,6 +116,15 @@ mod tests {
         let line = "4242 (taskmesh (w) 1) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0 20 0 8 0 100 0 0";
         assert_eq!(parse_stat(line, 100), Some(Duration::from_secs(2)));
         assert_eq!(parse_stat("garbage", 100), None);
+    }
+
+    #[test]
+    fn a_process_that_ended_takes_nothing_off_the_others() {
+        let s = Duration::from_secs;
+        let before = Processes([(1, s(100)), (2, s(5))].into());
+        let after = Processes([(2, s(7)), (3, s(1))].into());
+        assert_eq!(after.since(&before), s(3), "2 grew by 2 s, 3 is new");
+        assert_eq!(before.since(&before), Duration::ZERO);
     }
 
     #[test]

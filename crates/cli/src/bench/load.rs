@@ -253,7 +253,7 @@ pub struct CpuMark {
     at: Instant,
     process: Duration,
     workers: Duration,
-    database: Duration,
+    database: cpu::Processes,
 }
 
 /// The node, its workers and a client: everything a scenario runs against.
@@ -627,10 +627,7 @@ impl Rig {
             .saturating_sub(mark.workers)
             .as_secs_f64();
         let generator = generator.as_secs_f64();
-        let database = self
-            .database_cpu()
-            .saturating_sub(mark.database)
-            .as_secs_f64();
+        let database = self.database_cpu().since(&mark.database).as_secs_f64();
         CpuReport {
             wall_s: wall,
             server_s: server,
@@ -642,15 +639,15 @@ impl Rig {
         }
     }
 
-    fn database_cpu(&self) -> Duration {
+    fn database_cpu(&self) -> cpu::Processes {
         match &self.scratch {
             Some(db) => db
                 .kind()
                 .server_process()
                 .iter()
                 .map(|name| cpu::of_command(name))
-                .sum(),
-            None => Duration::ZERO,
+                .fold(cpu::Processes::default(), cpu::Processes::with),
+            None => cpu::Processes::default(),
         }
     }
 
