@@ -339,25 +339,18 @@ fn split_windows(
     w: Duration,
     turns: &[Turn],
 ) -> anyhow::Result<Vec<Window>> {
-    let n = turns.len().saturating_sub(1);
-    let new = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3);
-    let mut h = (0..n)
-        .map(|_| Ok::<_, hdrhistogram::CreationError>([new()?, new()?]))
-        .collect::<Result<Vec<_>, _>>()?;
-    let us =
-        |from: Instant, to: Instant| (to.saturating_duration_since(from).as_micros() as u64).max(1);
+    // Each window's tasks, then the same histograms as the whole run's.
+    let mut by_window = vec![Vec::new(); turns.len().saturating_sub(1)];
     for (id, at) in submitted {
         let k = (at.saturating_duration_since(origin).as_secs_f64() / w.as_secs_f64()) as usize;
-        let Some([start, ack]) = h.get_mut(k) else {
-            continue;
-        };
-        if let Some(t) = started.get(id) {
-            start.saturating_record(us(*at, *t));
-        }
-        if let Some(t) = seen.get(id).and_then(|s| s.running) {
-            ack.saturating_record(us(*at, t));
+        if let Some(tasks) = by_window.get_mut(k) {
+            tasks.push((id.clone(), *at));
         }
     }
+    let h = by_window
+        .iter()
+        .map(|tasks| histograms(tasks, seen, started).map(|[_, start, ack, _]| [start, ack]))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(h.iter()
         .enumerate()
         .filter(|(_, [start, _])| !start.is_empty())
