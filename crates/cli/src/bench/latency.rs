@@ -101,6 +101,10 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
     }
     let window = std::time::Instant::now();
     let stop_sampling = tokio_util::sync::CancellationToken::new();
+    // Counting the SUCCEEDED tasks reads an index that grows by every
+    // task of the run (a pause on the live path every 10 s): only when
+    // retention of SUCCEEDED tasks is what the run shows.
+    let count_kept = args.retention_succeeded.is_some();
     let sampler = rig.sqlite_dir.clone().map(|dir| {
         let stop = stop_sampling.clone();
         let store = rig.node.store.clone();
@@ -112,13 +116,19 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
                     _ = tick.tick() => {}
                     () = stop.cancelled() => {}
                 }
-                let succeeded = count_in(store.as_ref(), taskmesh_core::TaskState::Succeeded).await;
+                let succeeded = if count_kept {
+                    count_in(store.as_ref(), taskmesh_core::TaskState::Succeeded)
+                        .await
+                        .ok()
+                } else {
+                    None
+                };
                 let (db, wal) = sqlite_bytes(&dir);
                 samples.push(SizeSample {
                     at_s: window.elapsed().as_secs_f64(),
                     db_bytes: db,
                     wal_bytes: wal,
-                    succeeded_kept: succeeded.unwrap_or(0),
+                    succeeded_kept: succeeded,
                 });
                 if stop.is_cancelled() || samples.len() >= 10_000 {
                     return samples;
@@ -178,8 +188,9 @@ pub struct SizeSample {
     pub db_bytes: u64,
     /// Its write-ahead log.
     pub wal_bytes: u64,
-    /// SUCCEEDED tasks in the store.
-    pub succeeded_kept: u64,
+    /// SUCCEEDED tasks in the store (only with `--retention-succeeded`:
+    /// counting them costs the live path).
+    pub succeeded_kept: Option<u64>,
 }
 
 /// The SQLite database in `dir` and its WAL, in bytes (0 for what is not
@@ -207,8 +218,52 @@ pub struct Measured {
     pub submit_to_complete: Percentiles,
     /// Changes the recorder missed (tasks without a figure).
     pub missed_changes: u64,
+    /// The tasks whose handler started last after their submit, worst
+    /// first: where in the run a stall fell.
+    pub slowest_starts: Vec<Slow>,
     /// CPU over the run.
     pub cpu: CpuReport,
+}
+
+/// One of a run's slowest tasks (submit → start).
+#[derive(Debug, Clone, Serialize)]
+pub struct Slow {
+    /// Seconds from the first arrival to its submit.
+    pub at_s: f64,
+    /// Submit → dispatched, and → the handler's start (ms).
+    pub dispatch_ms: Option<f64>,
+    pub start_ms: f64,
+}
+
+/// How many of the slowest tasks a report names.
+const SLOWEST: usize = 10;
+
+/// The [`SLOWEST`] tasks of `submitted` by submit → start, worst first.
+fn slowest(
+    submitted: &[Submitted],
+    seen: &HashMap<String, Seen>,
+    started: &HashMap<String, Instant>,
+    origin: Instant,
+) -> Vec<Slow> {
+    let ms = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64() * 1e3;
+    let mut all: Vec<Slow> = submitted
+        .iter()
+        .filter_map(|(id, at)| {
+            let start = started.get(id)?;
+            Some(Slow {
+                at_s: at.saturating_duration_since(origin).as_secs_f64(),
+                dispatch_ms: seen.get(id).and_then(|s| s.dispatched).map(|d| ms(*at, d)),
+                start_ms: ms(*at, *start),
+            })
+        })
+        .collect();
+    let k = SLOWEST.min(all.len());
+    if k > 0 {
+        all.select_nth_unstable_by(k - 1, |a, b| b.start_ms.total_cmp(&a.start_ms));
+    }
+    all.truncate(k);
+    all.sort_by(|a, b| b.start_ms.total_cmp(&a.start_ms));
+    all
 }
 
 /// Sends `tasks` arrivals at `rate` to `rig` (whose workers stamp their
@@ -284,6 +339,7 @@ async fn measure_with(
         submit_to_ack_durable: Percentiles::of(&ack),
         submit_to_complete: Percentiles::of(&complete),
         missed_changes: missed,
+        slowest_starts: slowest(&submitted, &seen, &started, origin),
         cpu,
     };
     Ok((measured, windows))
@@ -379,6 +435,13 @@ pub struct WindowsSummary {
     pub pair_p99_change_pct: Vec<f64>,
     /// Their median.
     pub median_pair_p99_change_pct: f64,
+    /// Each window with retention against the mean of the windows without
+    /// it on either side (whole windows only): a p99 that drifts through
+    /// the run (the store grows) then weighs on neither side, where the
+    /// pairs above, off always first, count a rise as removal's. And their
+    /// median (NaN when no window with retention has both neighbours).
+    pub bracket_p99_change_pct: Vec<f64>,
+    pub median_bracket_p99_change_pct: f64,
     /// The median p99 of the windows without and with retention.
     pub median_p99_off_ms: f64,
     pub median_p99_on_ms: f64,
@@ -636,11 +699,13 @@ pub fn print(r: &LatencyReport) {
                 r.sqlite_bytes
                     .iter()
                     .map(|s| {
+                        let kept = s
+                            .succeeded_kept
+                            .map_or_else(|| "-".into(), |k| format!("{:.0}", k as f64 / 1e3));
                         format!(
-                            "{:.0}+{:.0} ({:.0})",
+                            "{:.0}+{:.0} ({kept})",
                             s.db_bytes as f64 / 1e6,
                             s.wal_bytes as f64 / 1e6,
-                            s.succeeded_kept as f64 / 1e3
                         )
                     })
                     .collect::<Vec<_>>()
@@ -670,6 +735,18 @@ pub fn print(r: &LatencyReport) {
         (
             "changes missed by the recorder".into(),
             r.measured.missed_changes.to_string(),
+        ),
+        (
+            "slowest starts: at s (dispatch ms / start ms)".into(),
+            r.measured
+                .slowest_starts
+                .iter()
+                .map(|s| match s.dispatch_ms {
+                    Some(d) => format!("{:.1} ({d:.0} / {:.0})", s.at_s, s.start_ms),
+                    None => format!("{:.1} (- / {:.0})", s.at_s, s.start_ms),
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
         ),
     ];
     for (k, w) in r.windows.iter().enumerate() {
@@ -706,6 +783,18 @@ pub fn print(r: &LatencyReport) {
                 s.removed_per_s_on
             ),
         ));
+        rows.push((
+            "windows: p99 start on against the mean of the off windows either side".into(),
+            format!(
+                "median {:+.1} % ({})",
+                s.median_bracket_p99_change_pct,
+                s.bracket_p99_change_pct
+                    .iter()
+                    .map(|c| format!("{c:+.1} %"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
     }
     rows.extend(load::cpu_rows(&r.measured.cpu));
     load::print_rows("scenario: latency", &rows);
@@ -726,19 +815,35 @@ impl WindowsSummary {
                 (v[m - 1] + v[m]) / 2.0
             }
         };
+        // The last window may hold only the run's tail (the few arrivals
+        // after the last whole window): it counts in no figure.
+        let most = windows
+            .iter()
+            .map(|x| x.submit_to_start.count)
+            .max()
+            .unwrap_or(0);
+        let whole = |x: &Window| x.submit_to_start.count * 2 >= most;
+        let p99 = |x: &Window| x.submit_to_start.p99_ms;
+        let change = |on: f64, off: f64| (on / off - 1.0) * 100.0;
         let pairs: Vec<f64> = windows
             .chunks_exact(2)
-            .filter(|p| !p[0].retention && p[1].retention)
-            .map(|p| (p[1].submit_to_start.p99_ms / p[0].submit_to_start.p99_ms - 1.0) * 100.0)
+            .filter(|p| !p[0].retention && p[1].retention && whole(&p[0]) && whole(&p[1]))
+            .map(|p| change(p99(&p[1]), p99(&p[0])))
             .collect();
         if pairs.is_empty() {
             return None;
         }
+        let brackets: Vec<f64> = windows
+            .windows(3)
+            .filter(|t| !t[0].retention && t[1].retention && !t[2].retention)
+            .filter(|t| t.iter().all(whole))
+            .map(|t| change(p99(&t[1]), (p99(&t[0]) + p99(&t[2])) / 2.0))
+            .collect();
         let p99s = |on: bool| {
             windows
                 .iter()
-                .filter(|x| x.retention == on)
-                .map(|x| x.submit_to_start.p99_ms)
+                .filter(|x| x.retention == on && whole(x))
+                .map(p99)
                 .collect::<Vec<_>>()
         };
         let on: Vec<&Window> = windows.iter().filter(|x| x.retention).collect();
@@ -746,6 +851,8 @@ impl WindowsSummary {
         Some(Self {
             median_pair_p99_change_pct: median(pairs.clone()),
             pair_p99_change_pct: pairs,
+            median_bracket_p99_change_pct: median(brackets.clone()),
+            bracket_p99_change_pct: brackets,
             median_p99_off_ms: median(p99s(false)),
             median_p99_on_ms: median(p99s(true)),
             removed_per_s_on: removed as f64 / (w.as_secs_f64() * on.len() as f64),
@@ -800,10 +907,71 @@ mod tests {
             s.removed_per_s_on, 20.0,
             "600 rows in 30 s with retention on"
         );
+        // Against both neighbours: 11 / 15 and 18 / 15; the last window
+        // with retention has none after it.
+        let rounded: Vec<i64> = s
+            .bracket_p99_change_pct
+            .iter()
+            .map(|c| c.round() as i64)
+            .collect();
+        assert_eq!(rounded, [-27, 20]);
+        assert_eq!(s.median_bracket_p99_change_pct.round() as i64, -3);
+        // A tail window (a few arrivals after the last whole one) counts
+        // in nothing.
+        let mut tail = w.to_vec();
+        tail.push(window(false, 1.0, 0));
+        tail.last_mut().unwrap().submit_to_start.count = 3;
+        let t = WindowsSummary::of(&tail, Duration::from_secs(10)).expect("three pairs");
+        assert_eq!(
+            t.median_p99_off_ms, 10.0,
+            "the tail's 1 ms is not an off window"
+        );
+        assert_eq!(t.bracket_p99_change_pct.len(), 2, "nor a neighbour");
         assert!(
             WindowsSummary::of(&w[..1], Duration::from_secs(10)).is_none(),
             "no pair"
         );
+    }
+
+    #[test]
+    fn the_slowest_starts_are_named_worst_first_with_their_submit() {
+        let origin = Instant::now();
+        let ms = Duration::from_millis;
+        // Task k is submitted at k ms and starts k² µs later; task 20 never
+        // started and "k3" was never seen dispatched.
+        let submitted: Vec<Submitted> = (0..=20u64)
+            .map(|k| (format!("k{k}"), origin + ms(k)))
+            .collect();
+        let started: HashMap<String, Instant> = (0..20u64)
+            .map(|k| {
+                (
+                    format!("k{k}"),
+                    origin + ms(k) + Duration::from_micros(k * k),
+                )
+            })
+            .collect();
+        let seen: HashMap<String, Seen> = (0..20u64)
+            .filter(|k| *k != 19)
+            .map(|k| {
+                let s = Seen {
+                    dispatched: Some(origin + ms(k)),
+                    ..Seen::default()
+                };
+                (format!("k{k}"), s)
+            })
+            .collect();
+        let slow = slowest(&submitted, &seen, &started, origin);
+        assert_eq!(slow.len(), SLOWEST);
+        let at_ms: Vec<u64> = slow.iter().map(|s| (s.at_s * 1e3).round() as u64).collect();
+        assert_eq!(at_ms, [19, 18, 17, 16, 15, 14, 13, 12, 11, 10]);
+        assert!(
+            (slow[0].start_ms - 0.361).abs() < 1e-6,
+            "{}",
+            slow[0].start_ms
+        );
+        assert_eq!(slow[0].dispatch_ms, None, "never seen dispatched");
+        assert_eq!(slow[1].dispatch_ms, Some(0.0));
+        assert!(slowest(&[], &seen, &started, origin).is_empty());
     }
 
     #[test]
