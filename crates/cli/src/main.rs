@@ -170,11 +170,9 @@ struct ServeArgs {
     /// write transaction; the leader pauses at least 9 times as long as a
     /// pass took before the next), and fire records trimmed per schedule:
     /// smaller batches hold the store for less at a time, larger ones
-    /// remove a backlog faster. Default: 256 on SQLite, 64 on Postgres and
-    /// MySQL (whose deletes hold locks and write WAL the live path's
-    /// commits wait behind).
-    #[arg(long, env = env::RETENTION_BATCH, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    retention_batch: Option<u32>,
+    /// remove a backlog faster.
+    #[arg(long, env = env::RETENTION_BATCH, default_value_t = taskmesh_scheduler::retention::DEFAULT_BATCH, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    retention_batch: u32,
     /// Fire records kept per schedule (the newest; older ones are removed
     /// by the leader, in batches).
     #[arg(long, env = env::FIRE_HISTORY, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
@@ -647,9 +645,7 @@ fn retention(args: &ServeArgs) -> anyhow::Result<taskmesh_scheduler::retention::
         failed: failed.or(defaults.failed),
         timed_out: args.retention_timed_out.or(failed).or(defaults.timed_out),
         cancelled: args.retention_cancelled.or(failed).or(defaults.cancelled),
-        batch: args.retention_batch.unwrap_or_else(|| {
-            taskmesh_scheduler::retention::default_batch(args.database_url.as_deref())
-        }) as usize,
+        batch: args.retention_batch as usize,
         fire_history: args.fire_history,
     };
     for (state, horizon) in r.horizons() {

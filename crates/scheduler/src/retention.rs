@@ -28,30 +28,15 @@ pub const BUSY_PAUSE: Duration = Duration::from_millis(20);
 /// Pause after a pass that failed (the store is likely struggling), or
 /// the duty-cycle pause if that is longer.
 pub const FAILED_PAUSE: Duration = Duration::from_secs(1);
-/// Ended tasks removed per state per pass on SQLite unless configured:
-/// the SQL core's largest `IN` list, so a batch is one delete per table
-/// (500 took two, the second padded to 256), and a shorter hold of the
-/// store at a time than 500 (docs/BENCHMARKS.md, "Fourth figures").
+/// Ended tasks removed per state per pass unless configured, on every
+/// store: the SQL core's largest `IN` list, so a batch is one delete per
+/// table (500 took two, the second padded to 256), and a shorter hold of
+/// SQLite's writer at a time than 500 (docs/BENCHMARKS.md, "Fourth
+/// figures"). Postgres and MySQL took 64 until the ninth figures: there a
+/// pass's time is mostly its round trips, so 64 removed only 326 tasks/s
+/// at 1,000/s of new ones (a third of what comes in) where 256 removed
+/// 899/s, with the live p99 against its neighbours +24 % and +4 %.
 pub const DEFAULT_BATCH: u32 = 256;
-/// The same on a server database (Postgres, MySQL): a batch's deletes
-/// there hold row locks and write WAL that the live path's commits queue
-/// behind, so a pass holds the store a quarter as long as at 256, and the
-/// duty cycle still drains ~2,000 tasks/s, twice a steady 1,000/s
-/// (docs/BENCHMARKS.md, "Fifth figures" and "Sixth figures": the live
-/// p99 beside a backlog of 10^7 rose by +31 % at 256 and by a median −1 %
-/// over five pairs at 64, on a machine whose quiet runs alone spread
-/// wider than that).
-pub const DEFAULT_SERVER_BATCH: u32 = 64;
-
-/// The default batch for the store `database_url` names (none: the
-/// embedded SQLite): [`DEFAULT_SERVER_BATCH`] on a server database,
-/// else [`DEFAULT_BATCH`].
-pub fn default_batch(database_url: Option<&str>) -> u32 {
-    match database_url.and_then(taskmesh_store::DatabaseKind::of_url) {
-        Some(_) => DEFAULT_SERVER_BATCH,
-        None => DEFAULT_BATCH,
-    }
-}
 /// A pass that left more to remove is followed by a pause of at least this
 /// many times as long as it took, so removal holds the store (SQLite's one
 /// writer, Postgres's locks and I/O) at most 1/(1 + this) of the time: a
@@ -153,7 +138,7 @@ pub const SCHEDULES_PER_PASS: u32 = 100;
 
 impl Default for Retention {
     /// Succeeded and cancelled 24 h, failed and timed out 7 days,
-    /// [`DEFAULT_BATCH`] per batch (SQLite's; see [`default_batch`]).
+    /// [`DEFAULT_BATCH`] per batch.
     fn default() -> Self {
         let day = Duration::from_secs(24 * 3600);
         Self {

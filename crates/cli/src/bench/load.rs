@@ -109,8 +109,8 @@ pub struct LoadArgs {
     #[arg(long, value_parser = humantime::parse_duration)]
     pub retention_windows: Option<Duration>,
     /// Ended tasks the node's retention removes per state per pass, and
-    /// fire records per schedule (as `serve --retention-batch`: 256 on
-    /// SQLite, 64 on Postgres and MySQL unless given).
+    /// fire records per schedule (as `serve --retention-batch`: 256 unless
+    /// given).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub retention_batch: Option<u32>,
     /// `workers`: how many workers the extra process connects, each on a
@@ -289,11 +289,10 @@ enum Workers {
 }
 
 /// The retention batch of a run: `--retention-batch`, else the default
-/// for its store (as `serve`).
+/// (as `serve`).
 pub fn retention_batch(args: &LoadArgs) -> u32 {
-    args.retention_batch.unwrap_or_else(|| {
-        taskmesh_scheduler::retention::default_batch(args.database_url.as_deref())
-    })
+    args.retention_batch
+        .unwrap_or(taskmesh_scheduler::retention::DEFAULT_BATCH)
 }
 
 impl Rig {
