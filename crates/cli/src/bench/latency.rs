@@ -161,7 +161,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<LatencyReport> {
         removed_during_run: args.ended.saturating_sub(left?),
         removal_window_s,
         retention_succeeded_s: args.retention_succeeded.map(|d| d.as_secs_f64()),
-        retention_batch: super::load::retention_batch(args),
+        retention_batch: args.retention_batch,
         retention_window_s: args.retention_windows.map(|w| w.as_secs_f64()),
         windows_summary: match (&result, args.retention_windows) {
             (Ok((_, windows)), Some(w)) => WindowsSummary::of(windows, w),
@@ -257,12 +257,8 @@ fn slowest(
             })
         })
         .collect();
-    let k = SLOWEST.min(all.len());
-    if k > 0 {
-        all.select_nth_unstable_by(k - 1, |a, b| b.start_ms.total_cmp(&a.start_ms));
-    }
-    all.truncate(k);
-    all.sort_by(|a, b| b.start_ms.total_cmp(&a.start_ms));
+    all.sort_unstable_by(|a, b| b.start_ms.total_cmp(&a.start_ms));
+    all.truncate(SLOWEST);
     all
 }
 
@@ -741,9 +737,11 @@ pub fn print(r: &LatencyReport) {
             r.measured
                 .slowest_starts
                 .iter()
-                .map(|s| match s.dispatch_ms {
-                    Some(d) => format!("{:.1} ({d:.0} / {:.0})", s.at_s, s.start_ms),
-                    None => format!("{:.1} (- / {:.0})", s.at_s, s.start_ms),
+                .map(|s| {
+                    let d = s
+                        .dispatch_ms
+                        .map_or_else(|| "-".into(), |d| format!("{d:.0}"));
+                    format!("{:.1} ({d} / {:.0})", s.at_s, s.start_ms)
                 })
                 .collect::<Vec<_>>()
                 .join(", "),

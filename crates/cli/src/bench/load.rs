@@ -109,10 +109,9 @@ pub struct LoadArgs {
     #[arg(long, value_parser = humantime::parse_duration)]
     pub retention_windows: Option<Duration>,
     /// Ended tasks the node's retention removes per state per pass, and
-    /// fire records per schedule (as `serve --retention-batch`: 256 unless
-    /// given).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub retention_batch: Option<u32>,
+    /// fire records per schedule (as `serve --retention-batch`).
+    #[arg(long, default_value_t = taskmesh_scheduler::retention::DEFAULT_BATCH, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub retention_batch: u32,
     /// `workers`: how many workers the extra process connects, each on a
     /// connection of its own.
     #[arg(long, default_value_t = super::fleet::DEFAULT_FLEET)]
@@ -288,13 +287,6 @@ enum Workers {
     Processes(Vec<tokio::process::Child>),
 }
 
-/// The retention batch of a run: `--retention-batch`, else the default
-/// (as `serve`).
-pub fn retention_batch(args: &LoadArgs) -> u32 {
-    args.retention_batch
-        .unwrap_or(taskmesh_scheduler::retention::DEFAULT_BATCH)
-}
-
 impl Rig {
     /// The database under the node, for a bulk fill of its own
     /// ([`super::fill`]).
@@ -320,7 +312,7 @@ impl Rig {
         if let Some(horizon) = args.retention_succeeded {
             opts.scheduler.retention.succeeded = Some(horizon);
         }
-        opts.scheduler.retention.batch = retention_batch(args) as usize;
+        opts.scheduler.retention.batch = args.retention_batch as usize;
         let retention = opts.scheduler.retention_control.clone();
         // In turns from the run's start; not through the fill.
         retention.set_paused(args.retention_windows.is_some());
