@@ -35,7 +35,7 @@ use crate::{Error, Result, ScheduleChange, TaskChange};
 mod tests;
 mod writer;
 
-pub use writer::{OwnedRow, WriteTx, WriterError};
+pub use writer::{OwnedRow, WriteTx, WriterError, held as writer_held};
 pub(crate) use writer::{Writer, WriterSettings};
 
 /// The schema, embedded at compile time from `migrations/sqlite`.

@@ -283,6 +283,7 @@ async fn measure_with(
     let turns = windows.map(|w| {
         let control = rig.retention.clone();
         let stop = stop_turns.clone();
+        let workers = rig.worker_pids();
         tokio::spawn(async move {
             // What the switch had counted, and whether on, at each
             // window's start.
@@ -290,7 +291,7 @@ async fn measure_with(
             loop {
                 let on = starts.len() % 2 == 1;
                 control.set_paused(!on);
-                starts.push(Turn::read(&control, on));
+                starts.push(Turn::read(&control, on, &workers));
                 let next = origin + w * starts.len() as u32;
                 tokio::select! {
                     () = tokio::time::sleep_until(next.into()) => {}
@@ -298,7 +299,7 @@ async fn measure_with(
                 }
             }
             control.set_paused(true);
-            starts.push(Turn::read(&control, false));
+            starts.push(Turn::read(&control, false, &workers));
             starts
         })
     });
@@ -353,6 +354,14 @@ pub struct Window {
     /// Retention passes in it, and how long one took on average (ms).
     pub passes: u64,
     pub pass_ms_mean: f64,
+    /// Cores busy through it: the node's process (with the load
+    /// generator, which runs in it) and the worker processes.
+    pub node_cores: f64,
+    pub workers_cores: f64,
+    /// On SQLite: write transactions a second, and the share of the
+    /// window a transaction held the writer (0 on a server's store).
+    pub writer_tx_per_s: f64,
+    pub writer_busy: f64,
     /// Submit → start of the tasks submitted in it.
     pub submit_to_start: Percentiles,
     /// Submit → ACK durable of those tasks.
@@ -366,17 +375,58 @@ struct Turn {
     removed: u64,
     passes: u64,
     pass_micros: u64,
+    /// When, and the CPU the node's process and the workers had used.
+    at: Instant,
+    node_cpu: Duration,
+    workers_cpu: Duration,
+    /// The SQLite writers' transactions and their time held.
+    writer: (u64, Duration),
 }
 
 impl Turn {
-    fn read(control: &taskmesh_scheduler::retention::RetentionControl, on: bool) -> Self {
+    fn read(
+        control: &taskmesh_scheduler::retention::RetentionControl,
+        on: bool,
+        workers: &[u32],
+    ) -> Self {
         let (passes, pass_micros) = control.passes();
         Self {
             on,
             removed: control.removed(),
             passes,
             pass_micros,
+            at: Instant::now(),
+            node_cpu: super::cpu::process(),
+            workers_cpu: workers.iter().filter_map(|p| super::cpu::of_pid(*p)).sum(),
+            writer: taskmesh_store::sqlite::writer_held(),
         }
+    }
+
+    /// The writer's transactions a second and busy share from `self` to `to`.
+    fn writer_to(&self, to: &Self) -> (f64, f64) {
+        let wall = to
+            .at
+            .saturating_duration_since(self.at)
+            .as_secs_f64()
+            .max(1e-9);
+        (
+            to.writer.0.saturating_sub(self.writer.0) as f64 / wall,
+            to.writer.1.saturating_sub(self.writer.1).as_secs_f64() / wall,
+        )
+    }
+
+    /// Cores busy from `self` to `to`: the node's, the workers'.
+    fn cores_to(&self, to: &Self) -> (f64, f64) {
+        let wall = to
+            .at
+            .saturating_duration_since(self.at)
+            .as_secs_f64()
+            .max(1e-9);
+        let busy = |a: Duration, b: Duration| b.saturating_sub(a).as_secs_f64() / wall;
+        (
+            busy(self.node_cpu, to.node_cpu),
+            busy(self.workers_cpu, to.workers_cpu),
+        )
     }
 }
 
@@ -410,12 +460,18 @@ fn split_windows(
             let (from, to) = (&turns[k], &turns[k + 1]);
             let passes = to.passes.saturating_sub(from.passes);
             let micros = to.pass_micros.saturating_sub(from.pass_micros);
+            let (node_cores, workers_cores) = from.cores_to(to);
+            let (writer_tx_per_s, writer_busy) = from.writer_to(to);
             Window {
                 from_s: (w * k as u32).as_secs_f64(),
                 retention: from.on,
                 removed: to.removed.saturating_sub(from.removed),
                 passes,
                 pass_ms_mean: micros as f64 / 1_000.0 / passes.max(1) as f64,
+                node_cores,
+                workers_cores,
+                writer_tx_per_s,
+                writer_busy,
                 submit_to_start: Percentiles::of(start),
                 submit_to_ack_durable: Percentiles::of(ack),
             }
@@ -750,18 +806,22 @@ pub fn print(r: &LatencyReport) {
     for (k, w) in r.windows.iter().enumerate() {
         rows.push((
             format!(
-                "window {k} from {:.0} s, retention {}: start p50/p99 ms, ACK p99, removed, passes (mean ms)",
+                "window {k} from {:.0} s, retention {}: start p50/p99 ms, ACK p99, removed, passes (mean ms), cores node + workers, writer tx/s (busy %)",
                 w.from_s,
                 if w.retention { "on" } else { "off" }
             ),
             format!(
-                "{:.2} / {:.2}, {:.2}, {}, {} ({:.1})",
+                "{:.2} / {:.2}, {:.2}, {}, {} ({:.1}), {:.2} + {:.2}, {:.0} ({:.1} %)",
                 w.submit_to_start.p50_ms,
                 w.submit_to_start.p99_ms,
                 w.submit_to_ack_durable.p99_ms,
                 w.removed,
                 w.passes,
-                w.pass_ms_mean
+                w.pass_ms_mean,
+                w.node_cores,
+                w.workers_cores,
+                w.writer_tx_per_s,
+                w.writer_busy * 100.0
             ),
         ));
     }
@@ -876,6 +936,10 @@ mod tests {
             removed,
             passes: 1,
             pass_ms_mean: 1.0,
+            node_cores: 0.5,
+            workers_cores: 0.25,
+            writer_tx_per_s: 0.0,
+            writer_busy: 0.0,
             submit_to_start: p.clone(),
             submit_to_ack_durable: p,
         }
@@ -988,13 +1052,24 @@ mod tests {
             ("c".to_string(), at(13) + Duration::from_millis(40)),
         ]
         .into();
-        let turn = |on, removed, passes| Turn {
+        // Turn k at k × 10 s: by then the node had used 5 s of CPU a
+        // window, the workers 2 s, and the writer k × 1,000 transactions
+        // holding it 3 s a window.
+        let turn = |k: u32, on, removed, passes| Turn {
             on,
             removed,
             passes,
             pass_micros: passes * 2_000,
+            at: origin + w * k,
+            node_cpu: Duration::from_secs(5) * k,
+            workers_cpu: Duration::from_secs(2) * k,
+            writer: (1_000 * u64::from(k), Duration::from_secs(3) * k),
         };
-        let turns = [turn(false, 0, 0), turn(true, 0, 0), turn(false, 64, 4)];
+        let turns = [
+            turn(0, false, 0, 0),
+            turn(1, true, 0, 0),
+            turn(2, false, 64, 4),
+        ];
         let windows =
             split_windows(&submitted, &HashMap::new(), &started, origin, w, &turns).unwrap();
         assert_eq!(windows.len(), 2);
@@ -1004,6 +1079,12 @@ mod tests {
         assert!((windows[1].submit_to_start.p99_ms - 40.0).abs() < 0.1);
         assert_eq!((windows[1].removed, windows[1].passes), (64, 4));
         assert_eq!(windows[1].pass_ms_mean, 2.0);
+        for window in &windows {
+            assert!((window.node_cores - 0.5).abs() < 1e-9);
+            assert!((window.workers_cores - 0.2).abs() < 1e-9);
+            assert!((window.writer_tx_per_s - 100.0).abs() < 1e-9);
+            assert!((window.writer_busy - 0.3).abs() < 1e-9);
+        }
         assert_eq!(windows[0].submit_to_ack_durable.count, 0, "no ACK seen");
     }
 }

@@ -643,12 +643,14 @@ impl Rig {
     }
 
     fn workers_cpu(&self) -> Duration {
+        self.worker_pids().into_iter().filter_map(cpu::of_pid).sum()
+    }
+
+    /// The worker processes' ids (none with in-process workers).
+    pub fn worker_pids(&self) -> Vec<u32> {
         match &self.workers {
-            Workers::Processes(children) => children
-                .iter()
-                .filter_map(|c| c.id().and_then(cpu::of_pid))
-                .sum(),
-            _ => Duration::ZERO,
+            Workers::Processes(children) => children.iter().filter_map(|c| c.id()).collect(),
+            _ => Vec::new(),
         }
     }
 

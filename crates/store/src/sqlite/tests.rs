@@ -220,3 +220,24 @@ async fn an_unfinished_write_rolls_back_and_frees_the_writer() {
     assert_eq!(crate::decode::Columns::int(&rows[0], "n"), Ok(0));
     b.commit(tx).await.expect("commit");
 }
+
+/// The writer's busy time counts every transaction, committed or not,
+/// for as long as it held the writer.
+#[tokio::test]
+async fn the_writer_counts_each_transaction_and_the_time_it_held_it() {
+    use crate::sql::Backend;
+    let dir = TempDir::new().expect("tempdir");
+    let store = SqliteStore::open_in(dir.path()).await.expect("open");
+    let b = store.backend();
+    // Other tests of this process write too: the counters only grow, so
+    // what this test's transactions add is a lower bound.
+    let (txs, held) = super::writer_held();
+    let hold = std::time::Duration::from_millis(20);
+    let tx = b.begin_write().await.expect("begin");
+    std::thread::sleep(hold); // held on purpose: the time to be counted
+    b.commit(tx).await.expect("commit");
+    drop(b.begin_write().await.expect("begin"));
+    let (txs_after, held_after) = super::writer_held();
+    assert!(txs_after >= txs + 2, "{txs} then {txs_after}");
+    assert!(held_after >= held + hold, "{held:?} then {held_after:?}");
+}

@@ -18,7 +18,8 @@
 use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use rusqlite::types::{Value, ValueRef};
 use rusqlite::{Connection, OpenFlags};
@@ -82,7 +83,10 @@ impl Writer {
             let _ = conn.execute_batch("ROLLBACK");
         }
         conn.execute_batch("BEGIN IMMEDIATE").map_err(to_sqlx)?;
-        Ok(WriteTx { guard })
+        Ok(WriteTx {
+            guard,
+            since: Instant::now(),
+        })
     }
 
     /// Runs `f` on the connection outside any transaction (tests).
@@ -112,6 +116,24 @@ impl Writer {
 #[derive(Debug)]
 pub struct WriteTx {
     guard: OwnedMutexGuard<Option<Connection>>,
+    /// When it began: the time a transaction holds the writer is counted
+    /// in [`held`].
+    since: Instant,
+}
+
+/// Write transactions ended, and the time they held a writer in µs: every
+/// SQLite store of the process together.
+static HELD: (AtomicU64, AtomicU64) = (AtomicU64::new(0), AtomicU64::new(0));
+
+/// How many write transactions have ended (committed or not) on the
+/// SQLite writers of this process, and how long they held them in all:
+/// the second over wall time is the writer's utilisation, which the
+/// latency bench reports per window. One addition per transaction.
+pub fn held() -> (u64, Duration) {
+    (
+        HELD.0.load(Ordering::Relaxed),
+        Duration::from_micros(HELD.1.load(Ordering::Relaxed)),
+    )
 }
 
 impl WriteTx {
@@ -164,6 +186,11 @@ impl WriteTx {
 
 impl Drop for WriteTx {
     fn drop(&mut self) {
+        HELD.0.fetch_add(1, Ordering::Relaxed);
+        HELD.1.fetch_add(
+            u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         if let Some(conn) = self.guard.as_ref()
             && !conn.is_autocommit()
             && let Err(err) = conn.execute_batch("ROLLBACK")
