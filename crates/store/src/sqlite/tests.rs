@@ -241,3 +241,225 @@ async fn the_writer_counts_each_transaction_and_the_time_it_held_it() {
     assert!(txs_after >= txs + 2, "{txs} then {txs_after}");
     assert!(held_after >= held + hold, "{held:?} then {held_after:?}");
 }
+
+/// Waits (with a deadline) until `n` callers queue for the writer.
+async fn until_queued(store: &SqliteStore, n: usize) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (queued, _) = store.backend().writer.counts();
+        if queued == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{queued} callers queued for the writer, waited for {n}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Starts a task that writes the fence `name` and commits (or, with
+/// `keep: false`, drops its transaction unfinished), answering with its
+/// commit's outcome.
+fn write_fence(
+    store: &SqliteStore,
+    name: &'static str,
+    keep: bool,
+) -> tokio::task::JoinHandle<Result<(), String>> {
+    use crate::sql::Backend;
+    let store = store.clone();
+    tokio::spawn(async move {
+        let b = store.backend();
+        let mut tx = b.begin_write().await.map_err(|e| e.to_string())?;
+        b.exec(
+            &mut tx,
+            "INSERT INTO fences (name, token) VALUES (?, 1)",
+            vec![crate::sql::Val::Text(Some(name.to_string()))],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        if keep {
+            b.commit(tx).await.map_err(|e| e.to_string())
+        } else {
+            drop(tx);
+            Ok(())
+        }
+    })
+}
+
+async fn fences(store: &SqliteStore) -> BTreeSet<String> {
+    sqlx::query_scalar::<_, String>("SELECT name FROM fences WHERE name LIKE 'probe-%'")
+        .fetch_all(&store.backend().reader)
+        .await
+        .expect("read fences")
+        .into_iter()
+        .collect()
+}
+
+/// Transactions that end while others are queued leave their commit to the
+/// last of them: one commit for all, each caller answered once it is
+/// durable, and one that rolls back takes only its own writes with it.
+#[tokio::test]
+async fn queued_writers_share_one_commit() {
+    use crate::sql::Backend;
+    let dir = TempDir::new().expect("tempdir");
+    let store = SqliteStore::open_in(dir.path()).await.expect("open");
+    let b = store.backend();
+    let (_, commits_before) = b.writer.counts();
+    let mut first = b.begin_write().await.expect("begin");
+    b.exec(
+        &mut first,
+        "INSERT INTO fences (name, token) VALUES ('probe-first', 1)",
+        Vec::new(),
+    )
+    .await
+    .expect("insert");
+    let mut queued = Vec::new();
+    for (i, (name, keep)) in [
+        ("probe-a", true),
+        ("probe-dropped", false),
+        ("probe-b", true),
+        ("probe-c", true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        queued.push(write_fence(&store, name, keep));
+        until_queued(&store, i + 1).await;
+    }
+    b.commit(first).await.expect("the group commits");
+    for task in queued {
+        task.await.expect("joined").expect("each member's commit");
+    }
+    let (_, commits_after) = b.writer.counts();
+    assert_eq!(
+        commits_after - commits_before,
+        1,
+        "five transactions, one commit"
+    );
+    let names: BTreeSet<String> = ["probe-a", "probe-b", "probe-c", "probe-first"]
+        .map(String::from)
+        .into();
+    assert_eq!(fences(&store).await, names, "the dropped one left nothing");
+}
+
+/// When SQLite rolls the whole transaction back under a member (as it does
+/// on a full disk), every member of the group is told its write failed and
+/// none of it is there.
+#[tokio::test]
+async fn a_group_lost_under_its_members_fails_them_all() {
+    use crate::sql::Backend;
+    let dir = TempDir::new().expect("tempdir");
+    let store = SqliteStore::open_in(dir.path()).await.expect("open");
+    let b = store.backend();
+    let mut first = b.begin_write().await.expect("begin");
+    b.exec(
+        &mut first,
+        "INSERT INTO fences (name, token) VALUES ('probe-first', 1)",
+        Vec::new(),
+    )
+    .await
+    .expect("insert");
+    let wrecker = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let b = store.backend();
+            let mut tx = b.begin_write().await.map_err(|e| e.to_string())?;
+            b.raw(&mut tx, "ROLLBACK")
+                .await
+                .map_err(|e| e.to_string())?;
+            b.commit(tx).await.map_err(|e| e.to_string())
+        })
+    };
+    until_queued(&store, 1).await;
+    let first = b.commit(first).await;
+    assert!(
+        first.is_err(),
+        "the first member's work was lost: {first:?}"
+    );
+    let wrecked = wrecker.await.expect("joined");
+    assert!(wrecked.is_err(), "{wrecked:?}");
+    assert_eq!(fences(&store).await, BTreeSet::new());
+    // The writer goes on.
+    write_fence(&store, "probe-after", true)
+        .await
+        .expect("joined")
+        .expect("a later write");
+    assert_eq!(fences(&store).await, ["probe-after".to_string()].into());
+}
+
+/// A group left for a caller that went away before it got the writer is
+/// committed by its own member once nobody has.
+#[tokio::test]
+async fn a_group_whose_next_caller_went_away_commits_anyway() {
+    use crate::sql::Backend;
+    let dir = TempDir::new().expect("tempdir");
+    let store = SqliteStore::open_in(dir.path()).await.expect("open");
+    let b = store.backend();
+    let mut tx = b.begin_write().await.expect("begin");
+    b.exec(
+        &mut tx,
+        "INSERT INTO fences (name, token) VALUES ('probe-alone', 1)",
+        Vec::new(),
+    )
+    .await
+    .expect("insert");
+    b.writer.phantom_queued(1);
+    let committed = tokio::time::timeout(std::time::Duration::from_secs(10), b.commit(tx)).await;
+    b.writer.phantom_queued(-1);
+    committed
+        .expect("committed without the caller")
+        .expect("commit");
+    assert_eq!(fences(&store).await, ["probe-alone".to_string()].into());
+}
+
+/// A bulk write (retention's removals) never joins an open group: the
+/// transactions already in it commit before the bulk one begins, without
+/// waiting for it.
+#[tokio::test]
+async fn a_bulk_write_commits_the_open_group_before_it_begins() {
+    use crate::sql::Backend;
+    let dir = TempDir::new().expect("tempdir");
+    let store = SqliteStore::open_in(dir.path()).await.expect("open");
+    let b = store.backend();
+    let mut first = b.begin_write().await.expect("begin");
+    b.exec(
+        &mut first,
+        "INSERT INTO fences (name, token) VALUES ('probe-first', 1)",
+        Vec::new(),
+    )
+    .await
+    .expect("insert");
+    let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+    let bulk = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let b = store.backend();
+            let mut tx = b.begin_bulk_write().await.map_err(|e| e.to_string())?;
+            b.exec(
+                &mut tx,
+                "INSERT INTO fences (name, token) VALUES ('probe-bulk', 1)",
+                Vec::new(),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            finished.await.map_err(|e| e.to_string())?;
+            b.commit(tx).await.map_err(|e| e.to_string())
+        })
+    };
+    until_queued(&store, 1).await;
+    let (_, commits_before) = b.writer.counts();
+    tokio::time::timeout(std::time::Duration::from_secs(10), b.commit(first))
+        .await
+        .expect("committed while the bulk write is still open")
+        .expect("commit");
+    assert_eq!(
+        fences(&store).await,
+        ["probe-first".to_string()].into(),
+        "durable before the bulk write ends"
+    );
+    finish.send(()).expect("the bulk write waits");
+    bulk.await.expect("joined").expect("the bulk write commits");
+    let (_, commits_after) = b.writer.counts();
+    assert_eq!(commits_after - commits_before, 2);
+}
