@@ -35,7 +35,7 @@ use crate::{Error, Result, ScheduleChange, TaskChange};
 mod tests;
 mod writer;
 
-pub use writer::{OwnedRow, WriteTx, WriterError, commits as writer_commits, held as writer_held};
+pub use writer::{OwnedRow, WriteTx, WriterError, held as writer_held};
 pub(crate) use writer::{Writer, WriterSettings};
 
 /// The schema, embedded at compile time from `migrations/sqlite`.
@@ -280,17 +280,13 @@ impl crate::sql::Backend for SqliteBackend {
         Ok(SqliteTx::Write(self.writer.begin().await?))
     }
 
-    async fn begin_bulk_write(&self) -> Result<Self::Tx> {
-        Ok(SqliteTx::Write(self.writer.begin_alone().await?))
-    }
-
     async fn begin_read(&self) -> Result<Self::Tx> {
         Ok(SqliteTx::Read(self.reader.begin().await?))
     }
 
     async fn commit(&self, tx: Self::Tx) -> Result<()> {
         match tx {
-            SqliteTx::Write(tx) => Ok(tx.commit().await?),
+            SqliteTx::Write(tx) => Ok(tx.commit()?),
             SqliteTx::Read(tx) => Ok(tx.commit().await?),
         }
     }

@@ -358,11 +358,9 @@ pub struct Window {
     /// generator, which runs in it) and the worker processes.
     pub node_cores: f64,
     pub workers_cores: f64,
-    /// On SQLite: write transactions a second, commits a second (fewer
-    /// when transactions share one), and the share of the window a
-    /// transaction held the writer (0 on a server's store).
+    /// On SQLite: write transactions a second, and the share of the
+    /// window a transaction held the writer (0 on a server's store).
     pub writer_tx_per_s: f64,
-    pub writer_commits_per_s: f64,
     pub writer_busy: f64,
     /// Submit → start of the tasks submitted in it.
     pub submit_to_start: Percentiles,
@@ -381,8 +379,8 @@ struct Turn {
     at: Instant,
     node_cpu: Duration,
     workers_cpu: Duration,
-    /// The SQLite writers' transactions, their time held, their commits.
-    writer: (u64, Duration, u64),
+    /// The SQLite writers' transactions and their time held.
+    writer: (u64, Duration),
 }
 
 impl Turn {
@@ -400,16 +398,12 @@ impl Turn {
             at: Instant::now(),
             node_cpu: super::cpu::process(),
             workers_cpu: workers.iter().filter_map(|p| super::cpu::of_pid(*p)).sum(),
-            writer: {
-                let (txs, held) = taskmesh_store::sqlite::writer_held();
-                (txs, held, taskmesh_store::sqlite::writer_commits())
-            },
+            writer: taskmesh_store::sqlite::writer_held(),
         }
     }
 
-    /// The writer's transactions a second, busy share and commits a second
-    /// from `self` to `to`.
-    fn writer_to(&self, to: &Self) -> (f64, f64, f64) {
+    /// The writer's transactions a second and busy share from `self` to `to`.
+    fn writer_to(&self, to: &Self) -> (f64, f64) {
         let wall = to
             .at
             .saturating_duration_since(self.at)
@@ -418,7 +412,6 @@ impl Turn {
         (
             to.writer.0.saturating_sub(self.writer.0) as f64 / wall,
             to.writer.1.saturating_sub(self.writer.1).as_secs_f64() / wall,
-            to.writer.2.saturating_sub(self.writer.2) as f64 / wall,
         )
     }
 
@@ -468,7 +461,7 @@ fn split_windows(
             let passes = to.passes.saturating_sub(from.passes);
             let micros = to.pass_micros.saturating_sub(from.pass_micros);
             let (node_cores, workers_cores) = from.cores_to(to);
-            let (writer_tx_per_s, writer_busy, writer_commits_per_s) = from.writer_to(to);
+            let (writer_tx_per_s, writer_busy) = from.writer_to(to);
             Window {
                 from_s: (w * k as u32).as_secs_f64(),
                 retention: from.on,
@@ -478,7 +471,6 @@ fn split_windows(
                 node_cores,
                 workers_cores,
                 writer_tx_per_s,
-                writer_commits_per_s,
                 writer_busy,
                 submit_to_start: Percentiles::of(start),
                 submit_to_ack_durable: Percentiles::of(ack),
@@ -814,12 +806,12 @@ pub fn print(r: &LatencyReport) {
     for (k, w) in r.windows.iter().enumerate() {
         rows.push((
             format!(
-                "window {k} from {:.0} s, retention {}: start p50/p99 ms, ACK p99, removed, passes (mean ms), cores node + workers, writer tx/s, commits/s (busy %)",
+                "window {k} from {:.0} s, retention {}: start p50/p99 ms, ACK p99, removed, passes (mean ms), cores node + workers, writer tx/s (busy %)",
                 w.from_s,
                 if w.retention { "on" } else { "off" }
             ),
             format!(
-                "{:.2} / {:.2}, {:.2}, {}, {} ({:.1}), {:.2} + {:.2}, {:.0}, {:.0} ({:.1} %)",
+                "{:.2} / {:.2}, {:.2}, {}, {} ({:.1}), {:.2} + {:.2}, {:.0} ({:.1} %)",
                 w.submit_to_start.p50_ms,
                 w.submit_to_start.p99_ms,
                 w.submit_to_ack_durable.p99_ms,
@@ -829,7 +821,6 @@ pub fn print(r: &LatencyReport) {
                 w.node_cores,
                 w.workers_cores,
                 w.writer_tx_per_s,
-                w.writer_commits_per_s,
                 w.writer_busy * 100.0
             ),
         ));
@@ -948,7 +939,6 @@ mod tests {
             node_cores: 0.5,
             workers_cores: 0.25,
             writer_tx_per_s: 0.0,
-            writer_commits_per_s: 0.0,
             writer_busy: 0.0,
             submit_to_start: p.clone(),
             submit_to_ack_durable: p,
@@ -1064,7 +1054,7 @@ mod tests {
         .into();
         // Turn k at k × 10 s: by then the node had used 5 s of CPU a
         // window, the workers 2 s, and the writer k × 1,000 transactions
-        // holding it 3 s a window, in k × 400 commits.
+        // holding it 3 s a window.
         let turn = |k: u32, on, removed, passes| Turn {
             on,
             removed,
@@ -1073,11 +1063,7 @@ mod tests {
             at: origin + w * k,
             node_cpu: Duration::from_secs(5) * k,
             workers_cpu: Duration::from_secs(2) * k,
-            writer: (
-                1_000 * u64::from(k),
-                Duration::from_secs(3) * k,
-                400 * u64::from(k),
-            ),
+            writer: (1_000 * u64::from(k), Duration::from_secs(3) * k),
         };
         let turns = [
             turn(0, false, 0, 0),
@@ -1098,7 +1084,6 @@ mod tests {
             assert!((window.workers_cores - 0.2).abs() < 1e-9);
             assert!((window.writer_tx_per_s - 100.0).abs() < 1e-9);
             assert!((window.writer_busy - 0.3).abs() < 1e-9);
-            assert!((window.writer_commits_per_s - 40.0).abs() < 1e-9);
         }
         assert_eq!(windows[0].submit_to_ack_durable.count, 0, "no ACK seen");
     }

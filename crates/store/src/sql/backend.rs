@@ -90,14 +90,6 @@ pub trait Backend: Send + Sync + 'static {
     /// by the row locks the statements take (`{lock}` in the SQL).
     async fn begin_write(&self) -> Result<Self::Tx>;
 
-    /// Starts a write transaction for bulk work nobody waits on (retention's
-    /// removals): a backend whose transactions share commits (SQLite's
-    /// group commit) commits the open group first rather than make the
-    /// transactions in it wait for this one. The others: `begin_write`.
-    async fn begin_bulk_write(&self) -> Result<Self::Tx> {
-        self.begin_write().await
-    }
-
     /// Starts a read-only transaction that reads one snapshot.
     async fn begin_read(&self) -> Result<Self::Tx>;
 

@@ -52,7 +52,7 @@ impl<B: Backend> SqlStore<B> {
             return Ok(0);
         }
         self.drop_long_logs(&candidates).await?;
-        let mut tx = b.begin_bulk_write().await?;
+        let mut tx = b.begin_write().await?;
         let ids = ids_of(b.fetch(&mut tx, &b.sql().ended_ids, chosen).await?)?;
         let removed = delete_tasks(b, &mut tx, &ids).await?;
         b.commit(tx).await?;
@@ -139,7 +139,7 @@ impl<B: Backend> SqlStore<B> {
                 b.read(&sql.workflow_step_ids, page.clone()).await?,
             )?)
             .await?;
-            let mut tx = b.begin_bulk_write().await?;
+            let mut tx = b.begin_write().await?;
             let held = b
                 .fetch(&mut tx, &sql.lock_workflow, args![id.as_str()])
                 .await?;
@@ -197,7 +197,7 @@ impl<B: Backend> SqlStore<B> {
             let mut upto = lines;
             while upto > 0 {
                 let from = (upto - LOG_LINES_PER_DELETE).max(0);
-                let mut tx = b.begin_bulk_write().await?;
+                let mut tx = b.begin_write().await?;
                 b.exec(
                     &mut tx,
                     &sql.delete_log_range,
