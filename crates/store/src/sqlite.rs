@@ -35,7 +35,7 @@ use crate::{Error, Result, ScheduleChange, TaskChange};
 mod tests;
 mod writer;
 
-pub use writer::{OwnedRow, WriteTx, WriterError, held as writer_held};
+pub use writer::{OwnedRow, WriteTx, WriterError, held as writer_held, wal_syncs};
 pub(crate) use writer::{Writer, WriterSettings};
 
 /// The schema, embedded at compile time from `migrations/sqlite`.
@@ -168,6 +168,7 @@ impl SqlStore<SqliteBackend> {
                 synchronous_full: opts.synchronous_full,
                 busy_timeout: opts.busy_timeout,
                 statements: crate::sql::STATEMENT_CACHE,
+                before_sync: None,
             },
         )?;
 
@@ -286,7 +287,7 @@ impl crate::sql::Backend for SqliteBackend {
 
     async fn commit(&self, tx: Self::Tx) -> Result<()> {
         match tx {
-            SqliteTx::Write(tx) => Ok(tx.commit()?),
+            SqliteTx::Write(tx) => Ok(tx.commit().await?),
             SqliteTx::Read(tx) => Ok(tx.commit().await?),
         }
     }

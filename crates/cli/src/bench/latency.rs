@@ -362,6 +362,9 @@ pub struct Window {
     /// window a transaction held the writer (0 on a server's store).
     pub writer_tx_per_s: f64,
     pub writer_busy: f64,
+    /// On SQLite: syncs of the WAL a second (each covers every commit
+    /// written before it began; 0 on a server's store).
+    pub wal_syncs_per_s: f64,
     /// Submit → start of the tasks submitted in it.
     pub submit_to_start: Percentiles,
     /// Submit → ACK durable of those tasks.
@@ -381,6 +384,8 @@ struct Turn {
     workers_cpu: Duration,
     /// The SQLite writers' transactions and their time held.
     writer: (u64, Duration),
+    /// The SQLite writers' syncs of their WAL.
+    syncs: u64,
 }
 
 impl Turn {
@@ -399,11 +404,13 @@ impl Turn {
             node_cpu: super::cpu::process(),
             workers_cpu: workers.iter().filter_map(|p| super::cpu::of_pid(*p)).sum(),
             writer: taskmesh_store::sqlite::writer_held(),
+            syncs: taskmesh_store::sqlite::wal_syncs().0,
         }
     }
 
-    /// The writer's transactions a second and busy share from `self` to `to`.
-    fn writer_to(&self, to: &Self) -> (f64, f64) {
+    /// The writer's transactions a second, busy share, and syncs of the
+    /// WAL a second from `self` to `to`.
+    fn writer_to(&self, to: &Self) -> (f64, f64, f64) {
         let wall = to
             .at
             .saturating_duration_since(self.at)
@@ -412,6 +419,7 @@ impl Turn {
         (
             to.writer.0.saturating_sub(self.writer.0) as f64 / wall,
             to.writer.1.saturating_sub(self.writer.1).as_secs_f64() / wall,
+            to.syncs.saturating_sub(self.syncs) as f64 / wall,
         )
     }
 
@@ -461,7 +469,7 @@ fn split_windows(
             let passes = to.passes.saturating_sub(from.passes);
             let micros = to.pass_micros.saturating_sub(from.pass_micros);
             let (node_cores, workers_cores) = from.cores_to(to);
-            let (writer_tx_per_s, writer_busy) = from.writer_to(to);
+            let (writer_tx_per_s, writer_busy, wal_syncs_per_s) = from.writer_to(to);
             Window {
                 from_s: (w * k as u32).as_secs_f64(),
                 retention: from.on,
@@ -472,6 +480,7 @@ fn split_windows(
                 workers_cores,
                 writer_tx_per_s,
                 writer_busy,
+                wal_syncs_per_s,
                 submit_to_start: Percentiles::of(start),
                 submit_to_ack_durable: Percentiles::of(ack),
             }
@@ -806,12 +815,12 @@ pub fn print(r: &LatencyReport) {
     for (k, w) in r.windows.iter().enumerate() {
         rows.push((
             format!(
-                "window {k} from {:.0} s, retention {}: start p50/p99 ms, ACK p99, removed, passes (mean ms), cores node + workers, writer tx/s (busy %)",
+                "window {k} from {:.0} s, retention {}: start p50/p99 ms, ACK p99, removed, passes (mean ms), cores node + workers, writer tx/s (busy %), WAL syncs/s",
                 w.from_s,
                 if w.retention { "on" } else { "off" }
             ),
             format!(
-                "{:.2} / {:.2}, {:.2}, {}, {} ({:.1}), {:.2} + {:.2}, {:.0} ({:.1} %)",
+                "{:.2} / {:.2}, {:.2}, {}, {} ({:.1}), {:.2} + {:.2}, {:.0} ({:.1} %), {:.0}",
                 w.submit_to_start.p50_ms,
                 w.submit_to_start.p99_ms,
                 w.submit_to_ack_durable.p99_ms,
@@ -821,7 +830,8 @@ pub fn print(r: &LatencyReport) {
                 w.node_cores,
                 w.workers_cores,
                 w.writer_tx_per_s,
-                w.writer_busy * 100.0
+                w.writer_busy * 100.0,
+                w.wal_syncs_per_s
             ),
         ));
     }
@@ -940,6 +950,7 @@ mod tests {
             workers_cores: 0.25,
             writer_tx_per_s: 0.0,
             writer_busy: 0.0,
+            wal_syncs_per_s: 0.0,
             submit_to_start: p.clone(),
             submit_to_ack_durable: p,
         }
@@ -1054,7 +1065,7 @@ mod tests {
         .into();
         // Turn k at k × 10 s: by then the node had used 5 s of CPU a
         // window, the workers 2 s, and the writer k × 1,000 transactions
-        // holding it 3 s a window.
+        // holding it 3 s a window, with 400 syncs of the WAL a window.
         let turn = |k: u32, on, removed, passes| Turn {
             on,
             removed,
@@ -1064,6 +1075,7 @@ mod tests {
             node_cpu: Duration::from_secs(5) * k,
             workers_cpu: Duration::from_secs(2) * k,
             writer: (1_000 * u64::from(k), Duration::from_secs(3) * k),
+            syncs: 400 * u64::from(k),
         };
         let turns = [
             turn(0, false, 0, 0),
@@ -1084,6 +1096,7 @@ mod tests {
             assert!((window.workers_cores - 0.2).abs() < 1e-9);
             assert!((window.writer_tx_per_s - 100.0).abs() < 1e-9);
             assert!((window.writer_busy - 0.3).abs() < 1e-9);
+            assert!((window.wal_syncs_per_s - 40.0).abs() < 1e-9);
         }
         assert_eq!(windows[0].submit_to_ack_durable.count, 0, "no ACK seen");
     }

@@ -53,7 +53,13 @@ async fn open_creates_directories_and_applies_settings() {
     let reader = &store.backend().reader;
     assert_eq!(writer_pragma(&store, "journal_mode").await, "wal");
     assert_eq!(pragma(reader, "journal_mode").await, "wal");
-    assert_eq!(writer_pragma(&store, "synchronous").await, "2", "FULL");
+    // NORMAL on the connection: the WAL's sync after each commit is the
+    // writer's own thread's (`WalSync`), and a commit waits for it.
+    assert_eq!(writer_pragma(&store, "synchronous").await, "1", "NORMAL");
+    assert!(
+        store.backend().writer.syncs(),
+        "durable commits sync the WAL"
+    );
     assert_eq!(writer_pragma(&store, "foreign_keys").await, "1");
     assert_eq!(writer_pragma(&store, "temp_store").await, "2", "MEMORY");
     assert_eq!(writer_pragma(&store, "cache_size").await, "-16384");
@@ -68,6 +74,10 @@ async fn open_creates_directories_and_applies_settings() {
     };
     let store = SqliteStore::open(relaxed).await.expect("reopen");
     assert_eq!(writer_pragma(&store, "synchronous").await, "1", "NORMAL");
+    assert!(
+        !store.backend().writer.syncs(),
+        "relaxed: no sync of its own"
+    );
     store.close().await;
     let closed = store.create_task(new_task("h"), "fp", T0).await;
     assert!(
@@ -240,4 +250,152 @@ async fn the_writer_counts_each_transaction_and_the_time_it_held_it() {
     let (txs_after, held_after) = super::writer_held();
     assert!(txs_after >= txs + 2, "{txs} then {txs_after}");
     assert!(held_after >= held + hold, "{held:?} then {held_after:?}");
+}
+
+/// A writer on a new file at `dir`, whose syncs of the WAL each wait for a
+/// permit on the returned sender (or fail, with `fail`), with a table `t`,
+/// and the count of syncs begun.
+fn held_back_writer(
+    dir: &TempDir,
+    fail: bool,
+) -> (
+    super::Writer,
+    std::sync::mpsc::Sender<()>,
+    Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let (permit, permits) = std::sync::mpsc::channel::<()>();
+    let permits = std::sync::Mutex::new(permits);
+    let begun = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&begun);
+    let hook = move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        if fail {
+            return Err(std::io::Error::other("the disk went away"));
+        }
+        permits
+            .lock()
+            .expect("permits")
+            .recv()
+            .map_err(std::io::Error::other)
+    };
+    let writer = super::Writer::open(
+        &dir.path().join("held.db"),
+        &super::WriterSettings {
+            synchronous_full: true,
+            busy_timeout: std::time::Duration::from_secs(5),
+            statements: 16,
+            before_sync: Some(super::writer::BeforeSync(Arc::new(hook))),
+        },
+    )
+    .expect("open the writer");
+    (writer, permit, begun)
+}
+
+/// Polls `f` once, as an executor would, without waiting.
+fn poll_once<F: std::future::Future + Unpin>(f: &mut F) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::Pin::new(f).poll(&mut cx)
+}
+
+/// Waits (up to 10 s) until `n` syncs have begun.
+async fn syncs_begun(begun: &std::sync::atomic::AtomicU64, n: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while begun.load(std::sync::atomic::Ordering::SeqCst) < n {
+        assert!(std::time::Instant::now() < deadline, "sync {n} never began");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+/// A commit is answered only after a sync of the WAL that began after it
+/// was written; the writer serves the next transactions meanwhile, and one
+/// sync covers every commit written while the one before it ran.
+#[tokio::test]
+async fn a_commit_waits_for_its_sync_and_the_writer_does_not() {
+    let dir = TempDir::new().expect("tempdir");
+    let (writer, permit, begun) = held_back_writer(&dir, false);
+    let within = std::time::Duration::from_secs(10);
+    // Yields the commit still waiting for its sync, on purpose.
+    #[allow(clippy::async_yields_async)]
+    let write = |sql: &'static str| {
+        let writer = writer.clone();
+        async move {
+            let mut tx = tokio::time::timeout(within, writer.begin())
+                .await
+                .expect("the writer is free while a sync runs")
+                .expect("begin");
+            tx.exec(sql, Vec::new()).expect("statement");
+            // Polled once, as an executor would: it commits, lets the
+            // writer go, and waits for its sync.
+            let mut commit = Box::pin(tx.commit());
+            assert!(
+                poll_once(&mut commit).is_pending(),
+                "answered before a sync"
+            );
+            commit
+        }
+    };
+    let mut first = write("CREATE TABLE t (x INTEGER)").await;
+    syncs_begun(&begun, 1).await;
+    let mut second = write("INSERT INTO t VALUES (1)").await;
+    let mut third = write("INSERT INTO t VALUES (2)").await;
+    for commit in [&mut first, &mut second, &mut third] {
+        assert!(
+            poll_once(commit).is_pending(),
+            "answered while its sync is held"
+        );
+    }
+    permit.send(()).expect("first sync");
+    tokio::time::timeout(within, &mut first)
+        .await
+        .expect("the first sync ended")
+        .expect("first commit");
+    syncs_begun(&begun, 2).await;
+    assert!(
+        poll_once(&mut second).is_pending(),
+        "the second sync is held"
+    );
+    permit.send(()).expect("second sync");
+    for commit in [second, third] {
+        tokio::time::timeout(within, commit)
+            .await
+            .expect("the second sync ended")
+            .expect("commit");
+    }
+    assert_eq!(
+        begun.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "one sync for both commits written while the first ran"
+    );
+    let mut tx = writer.begin().await.expect("begin");
+    let rows = tx
+        .fetch("SELECT COUNT(*) AS n FROM t", Vec::new())
+        .expect("count");
+    assert_eq!(crate::decode::Columns::int(&rows[0], "n"), Ok(2));
+}
+
+/// A failed sync fails the commits it was to cover and every write after
+/// it, with an error that says why and what to do.
+#[tokio::test]
+async fn a_failed_sync_fails_its_commit_and_every_write_after_it() {
+    let dir = TempDir::new().expect("tempdir");
+    let (writer, _permit, _begun) = held_back_writer(&dir, true);
+    let mut tx = writer.begin().await.expect("begin");
+    tx.exec("CREATE TABLE t (x INTEGER)", Vec::new())
+        .expect("statement");
+    let err = tx.commit().await.expect_err("its sync failed");
+    assert!(matches!(err, sqlx::Error::Io(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("syncing the SQLite WAL failed (the disk went away)")
+            && text.contains("restart"),
+        "{text}"
+    );
+    let refused = writer.begin().await.expect_err("nothing is built on it");
+    assert_eq!(refused.to_string(), text);
+    let store_err = crate::Error::from(refused);
+    assert!(
+        matches!(store_err, crate::Error::Unavailable(_)),
+        "{store_err:?}"
+    );
 }
