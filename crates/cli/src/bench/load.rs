@@ -219,7 +219,7 @@ fn spawn_worker(
 /// The store a run uses, for the report (before it starts).
 fn store_label(args: &LoadArgs) -> String {
     match &args.database_url {
-        None => "sqlite (temporary directory, WAL, synchronous=FULL)".into(),
+        None => "sqlite (temporary directory, WAL, each commit synced)".into(),
         Some(url) => format!("{} (synchronous=FULL)", redact(url)),
     }
 }
