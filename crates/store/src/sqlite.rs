@@ -76,8 +76,10 @@ pub const DEFAULT_FILE_NAME: &str = "taskmesh.db";
 pub struct SqliteOptions {
     /// The database file; it and its parent directory are created if missing.
     pub path: PathBuf,
-    /// `synchronous = FULL` (survives power loss) when true, `NORMAL` (may
-    /// lose the last commits on power loss, never corrupts) when false.
+    /// Every commit survives power loss before its caller is answered when
+    /// true (the writer's own thread syncs the WAL; `sqlite/writer.rs`);
+    /// when false, `synchronous = NORMAL` alone (may lose the last commits
+    /// on power loss, never corrupts).
     pub synchronous_full: bool,
     /// Size of the reader pool (at least 1).
     pub max_read_connections: u32,
@@ -87,7 +89,8 @@ pub struct SqliteOptions {
 
 impl SqliteOptions {
     /// Options for the file at `path` with the defaults: durability first
-    /// (`synchronous = FULL`), 4 readers, 5 s busy timeout.
+    /// (every commit synced before it is answered), 4 readers, 5 s busy
+    /// timeout.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),

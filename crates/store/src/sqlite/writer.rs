@@ -7,10 +7,10 @@
 //! load and a copy of every column (`sqlite3_value_dup`) under load. Here a
 //! transaction holds the connection (a FIFO mutex queues writers, as the
 //! one-connection pool did) and steps its statements directly, prepared
-//! once and cached. A statement on a local file takes microseconds; the
-//! commit's fsync is the only wait, and it happened on a thread before too.
+//! once and cached. A statement on a local file takes microseconds.
 //!
-//! The commit's sync is not done while the writer is held. With
+//! The commit's sync, the one wait, is not done while the writer is held
+//! (nor on a runtime thread). With
 //! `synchronous_full` the connection runs `synchronous = NORMAL` (SQLite
 //! writes a commit's WAL frames without syncing them) and a thread of the
 //! writer's own, [`WalSync`], syncs the WAL file; [`WriteTx::commit`]
