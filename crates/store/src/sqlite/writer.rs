@@ -449,19 +449,19 @@ impl WalFile {
             (hook.0)()?;
         }
         let inode = inode(&std::fs::metadata(&self.path)?);
-        if self.open.as_ref().map(|(_, i)| *i) != Some(inode) {
-            let file = std::fs::File::open(&self.path)?;
-            let dir = match self.path.parent() {
-                Some(dir) if !dir.as_os_str().is_empty() => dir,
-                _ => Path::new("."),
-            };
-            std::fs::File::open(dir)?.sync_all()?;
-            self.open = Some((file, inode));
-        }
-        match &self.open {
-            Some((file, _)) => file.sync_data(),
-            None => Ok(()),
-        }
+        let file = match &self.open {
+            Some((file, opened)) if *opened == inode => file,
+            _ => {
+                let file = std::fs::File::open(&self.path)?;
+                let dir = match self.path.parent() {
+                    Some(dir) if !dir.as_os_str().is_empty() => dir,
+                    _ => Path::new("."),
+                };
+                std::fs::File::open(dir)?.sync_all()?;
+                &self.open.insert((file, inode)).0
+            }
+        };
+        file.sync_data()
     }
 }
 
