@@ -1,6 +1,7 @@
 //! The taskmesh contract: the Rust code generated from `proto/` and the
 //! encoded descriptor set. Everything in `crates/` implements this contract;
-//! this crate holds no behaviour of its own and must never depend on them.
+//! this crate holds no behaviour of its own beyond the wire's (the codec,
+//! batching on a Connect stream) and must never depend on them.
 
 /// `taskmesh.v1`: tasks, the `TaskApi`, `Dispatcher` and `Worker` services.
 pub mod v1 {
@@ -14,6 +15,7 @@ pub mod google_api {
     tonic::include_proto!("google.api");
 }
 
+pub mod batch;
 pub mod codec;
 
 /// The encoded `FileDescriptorSet` of every file in `proto/` (imports

@@ -375,3 +375,162 @@ async fn a_freed_slot_costs_no_claim_while_nothing_is_ready() {
     worker.close().await;
     stop_node(node).await;
 }
+
+/// A worker that says it reads batches gets what was queued for its
+/// stream as few messages, and may answer in one: every ACK and result in
+/// it counts and gets its receipt. (Workers that do not say so, as every
+/// other test's `RawWorker`, get each message alone.) A batch that breaks
+/// the rules is refused whole with INVALID_ARGUMENT, naming the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_reads_batches_gets_them_and_may_answer_in_one() {
+    use taskmesh::batch::{Batchable, MAX_BATCH_MESSAGES};
+    use taskmesh::v1::connect_request::Message as In;
+    const N: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(node_options(dir.path())).await;
+    let mut api = api(node.grpc_addr).await;
+    let registration = |id: &str| pb::WorkerRegistration {
+        worker_id: id.into(),
+        name: id.into(),
+        handlers: vec!["echo".into()],
+        capacity: N as u32,
+        accepts_batches: true,
+        ..Default::default()
+    };
+    let mut worker = RawWorker::open(node.grpc_addr, None, registration("batched"))
+        .await
+        .expect("register");
+    assert!(
+        worker.server_reads_batches,
+        "registered says it reads batches"
+    );
+
+    let tasks = (0..N)
+        .map(|i| pb::SubmitTaskRequest {
+            handler: "echo".into(),
+            payload: Some(pb::Payload {
+                data: format!("{i}").into_bytes(),
+                content_type: "application/json".into(),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    let results = api
+        .submit_tasks(pb::SubmitTasksRequest { tasks })
+        .await
+        .expect("submit")
+        .into_inner()
+        .results;
+    let ids: HashSet<String> = results
+        .into_iter()
+        .map(|r| r.accepted.expect("accepted").task_id)
+        .collect();
+    assert_eq!(ids.len(), N);
+
+    // The wire's own messages, batches opened.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut wire = 0usize;
+    let next = async |rx: &mut tonic::Streaming<pb::ConnectResponse>| {
+        let m = tokio::time::timeout_at(deadline, rx.message())
+            .await
+            .expect("within 30 s")
+            .expect("the stream stays up")
+            .expect("the stream stays open");
+        m.unbatch().unwrap_or_else(|alone| vec![alone])
+    };
+    let mut assigns = Vec::new();
+    while assigns.len() < N {
+        wire += 1;
+        for m in next(&mut worker.rx).await {
+            if let Some(Out::Assign(a)) = m.message {
+                assigns.push(a);
+            }
+        }
+    }
+    let assigned: HashSet<String> = assigns.iter().map(|a| a.task_id.clone()).collect();
+    assert_eq!(assigned, ids, "each task assigned once");
+    assert!(
+        wire < N,
+        "{N} assignments queued together came as {wire} messages: none batched"
+    );
+
+    // One batch answers them all: every ACK, then every result.
+    let acks = assigns.iter().map(|a| pb::ConnectRequest {
+        message: Some(In::Ack(pb::TaskAck {
+            task_id: a.task_id.clone(),
+            execution_id: a.execution_id.clone(),
+        })),
+    });
+    let results = assigns.iter().map(|a| pb::ConnectRequest {
+        message: Some(In::Complete(pb::TaskComplete {
+            task_id: a.task_id.clone(),
+            execution_id: a.execution_id.clone(),
+            result: Some(pb::task_complete::Result::Success(pb::TaskSuccess {
+                output: None,
+            })),
+        })),
+    });
+    let answer = pb::ConnectRequest::batch(acks.chain(results).collect());
+    worker.tx.send(answer).await.expect("the stream is open");
+    let mut receipts = 0usize;
+    while receipts < 2 * N {
+        for m in next(&mut worker.rx).await {
+            if let Some(Out::Recorded(r)) = m.message {
+                assert!(r.accepted, "refused: {r:?}");
+                receipts += 1;
+            }
+        }
+    }
+    for id in ids.iter().take(20) {
+        let t = wait_task_state(&api, id, pb::TaskState::Succeeded, Duration::from_secs(10)).await;
+        assert_eq!(t.attempts.len(), 1, "{:?}", t.attempts);
+    }
+    let listed = api
+        .list_tasks(pb::ListTasksRequest {
+            state: pb::TaskState::Succeeded as i32,
+            page_size: 1_000,
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .tasks;
+    assert_eq!(listed.len(), N, "every task SUCCEEDED");
+
+    // Refused whole: a register inside a batch, and one message too many.
+    let heartbeat = || pb::ConnectRequest {
+        message: Some(In::Heartbeat(pb::WorkerHeartbeat::default())),
+    };
+    let register = pb::ConnectRequest {
+        message: Some(In::Register(registration("batched"))),
+    };
+    let too_many = (0..=MAX_BATCH_MESSAGES).map(|_| heartbeat()).collect();
+    let mut other = RawWorker::open(node.grpc_addr, None, registration("batched-2"))
+        .await
+        .expect("register");
+    for (w, batch, want) in [
+        (
+            &mut worker,
+            vec![heartbeat(), register],
+            "batch.messages[1] is a register",
+        ),
+        (&mut other, too_many, "at most 1024"),
+    ] {
+        w.tx.send(pb::ConnectRequest::batch(batch))
+            .await
+            .expect("the stream is open");
+        let status = loop {
+            match tokio::time::timeout_at(deadline, w.rx.message())
+                .await
+                .expect("an answer within 30 s")
+            {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended without an error"),
+                Err(status) => break status,
+            }
+        };
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(want), "{status:?}");
+    }
+    stop_node(node).await;
+}

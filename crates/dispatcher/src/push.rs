@@ -216,6 +216,8 @@ pub(crate) async fn register(
         session_id,
         heartbeat_interval: Some(duration(shared.opts.heartbeat_interval.as_millis() as i64)),
         ack_timeout: Some(duration(shared.opts.ack_timeout.as_millis() as i64)),
+        // Push mode has no stream to batch on.
+        accepts_batches: false,
     };
     let now = shared.clock.now_millis();
 

@@ -10,11 +10,11 @@ use std::pin::Pin;
 
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
+use taskmesh::batch::{BatchSwitch, Batchable, Coalesce, MAX_BATCH_MESSAGES};
 use taskmesh::v1::{self as pb, connect_request::Message as In, connect_response::Message as Out};
 use taskmesh_coord::{WorkerEntry, WorkerLoad};
 use taskmesh_core::{Event, ReleaseReason, id, validate};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
@@ -135,6 +135,7 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
                     self.shared.opts.heartbeat_interval.as_millis() as i64
                 )),
                 ack_timeout: Some(duration(self.shared.opts.ack_timeout.as_millis() as i64)),
+                accepts_batches: true,
             })),
         };
         // The channel is empty and sized above 1: this cannot fail.
@@ -165,9 +166,14 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
             }
             .instrument(span),
         );
-        Ok(Response::new(Box::pin(
-            ReceiverStream::new(rx).map(|m| m.map(|m| *m)),
-        )))
+        // What the engine and the receipts queue goes out as it comes, or
+        // gathered into batches for a worker that reads them.
+        let batches = BatchSwitch::new(reg.accepts_batches);
+        Ok(Response::new(Box::pin(Coalesce::new(
+            rx,
+            |m| m.map(|m| *m),
+            batches,
+        ))))
     }
 
     async fn register_push_worker(
@@ -312,60 +318,99 @@ async fn read_loop(
         last_heard = tokio::time::Instant::now();
         let now = shared.clock.now_millis();
         shared.registry.touch(session_id, now);
-        match msg.message {
-            Some(In::Heartbeat(hb)) => {
-                // Refresh the cluster-wide entry (its TTL, the load figures)
-                // off the read path: a slow coordinator must not stall the stream.
-                entry.load = WorkerLoad {
-                    active: hb.active,
-                    cpu_idle_percent: hb.cpu_idle_percent,
-                    avg_cost_ms: hb.avg_cost_ms,
-                };
-                entry.last_seen = now;
-                entry.draining = shared.registry.is_draining(session_id);
-                let coord = shared.coord.clone();
-                let refreshed = entry.clone();
-                tokio::spawn(async move {
-                    if let Err(err) = coord.put_worker(refreshed).await {
-                        warn!(error = %err, "cannot refresh the worker's cluster-wide entry");
-                    }
-                });
-                shared.registry.heartbeat(
-                    session_id,
-                    Heartbeat {
+        // A batch is its messages, each handled as if it came alone; one
+        // that breaks the rules is refused whole, before any of it counts.
+        let messages = match msg.unbatch() {
+            Err(alone) => vec![alone],
+            Ok(inner) => match check_batch(&inner) {
+                Ok(()) => inner,
+                Err(why) => {
+                    warn!(error = %why, "batch refused; closing the stream");
+                    let _ = tx.try_send(Err(Status::invalid_argument(why.clone())));
+                    break format!("refused a batch: {why}");
+                }
+            },
+        };
+        for msg in messages {
+            match msg.message {
+                Some(In::Heartbeat(hb)) => {
+                    // Refresh the cluster-wide entry (its TTL, the load figures)
+                    // off the read path: a slow coordinator must not stall the stream.
+                    entry.load = WorkerLoad {
                         active: hb.active,
                         cpu_idle_percent: hb.cpu_idle_percent,
                         avg_cost_ms: hb.avg_cost_ms,
-                    },
-                );
-                shared.wake.notify_one();
-            }
-            Some(In::Ack(ack)) => {
-                if let Some(after) = on_ack(shared, session_id, tx, ack).await {
-                    committing.push(after);
+                    };
+                    entry.last_seen = now;
+                    entry.draining = shared.registry.is_draining(session_id);
+                    let coord = shared.coord.clone();
+                    let refreshed = entry.clone();
+                    tokio::spawn(async move {
+                        if let Err(err) = coord.put_worker(refreshed).await {
+                            warn!(error = %err, "cannot refresh the worker's cluster-wide entry");
+                        }
+                    });
+                    shared.registry.heartbeat(
+                        session_id,
+                        Heartbeat {
+                            active: hb.active,
+                            cpu_idle_percent: hb.cpu_idle_percent,
+                            avg_cost_ms: hb.avg_cost_ms,
+                        },
+                    );
+                    shared.wake.notify_one();
                 }
-            }
-            Some(In::Reject(rej)) => on_reject(shared, session_id, rej).await,
-            Some(In::Complete(done)) => {
-                if let Some(after) = on_complete(shared, session_id, tx, done).await {
-                    committing.push(after);
+                Some(In::Ack(ack)) => {
+                    if let Some(after) = on_ack(shared, session_id, tx, ack).await {
+                        committing.push(after);
+                    }
                 }
+                Some(In::Reject(rej)) => on_reject(shared, session_id, rej).await,
+                Some(In::Complete(done)) => {
+                    if let Some(after) = on_complete(shared, session_id, tx, done).await {
+                        committing.push(after);
+                    }
+                }
+                Some(In::Logs(logs)) => on_logs(shared, session_id, logs),
+                Some(In::Draining(d)) => {
+                    info!(reason = %d.reason, "worker draining");
+                    shared.registry.set_draining(session_id);
+                }
+                Some(In::Register(_)) => {
+                    warn!("second register on one stream ignored");
+                }
+                // `check_batch` let none through.
+                Some(In::Batch(_)) => {}
+                None => debug!("empty message ignored"),
             }
-            Some(In::Logs(logs)) => on_logs(shared, session_id, logs),
-            Some(In::Draining(d)) => {
-                info!(reason = %d.reason, "worker draining");
-                shared.registry.set_draining(session_id);
-            }
-            Some(In::Register(_)) => {
-                warn!("second register on one stream ignored");
-            }
-            None => debug!("empty message ignored"),
         }
     };
     // Reports already queued still get their receipts (if the stream can
     // take them) and free their slots before the session is dropped.
     while committing.next().await.is_some() {}
     reason
+}
+
+/// Why a worker's batch is refused, if it is: too many messages, or one
+/// that may not be in a batch (a register, a batch).
+fn check_batch(inner: &[pb::ConnectRequest]) -> Result<(), String> {
+    if inner.len() > MAX_BATCH_MESSAGES {
+        return Err(format!(
+            "batch.messages holds {} messages; at most {MAX_BATCH_MESSAGES}",
+            inner.len()
+        ));
+    }
+    let misplaced = inner.iter().enumerate().find_map(|(i, m)| match m.message {
+        Some(In::Register(_)) => Some((i, "register")),
+        Some(In::Batch(_)) => Some((i, "batch")),
+        _ => None,
+    });
+    match misplaced {
+        Some((i, kind)) => Err(format!(
+            "batch.messages[{i}] is a {kind}; a batch holds no register and no batch"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Queues a worker's lines of an attempt this session holds; lines of

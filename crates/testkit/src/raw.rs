@@ -25,6 +25,8 @@ pub struct RawWorker {
     pub rx: tonic::Streaming<pb::ConnectResponse>,
     pub session_id: String,
     pub worker_id: String,
+    /// What `registered` said: the server reads `ConnectRequest.batch`.
+    pub server_reads_batches: bool,
 }
 
 impl RawWorker {
@@ -92,6 +94,7 @@ impl RawWorker {
             rx,
             session_id: reg.session_id,
             worker_id,
+            server_reads_batches: reg.accepts_batches,
         })
     }
 

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use taskmesh::batch::{BatchSwitch, Batchable, Coalesce};
 use taskmesh::v1::dispatcher_client::DispatcherClient;
 use taskmesh::v1::{
     ConnectRequest, ConnectResponse, RejectReason, TaskAck, TaskAssignment, TaskCancel,
@@ -11,7 +12,7 @@ use taskmesh::v1::{
 };
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tracing::{debug, info, warn};
@@ -58,6 +59,10 @@ pub(crate) async fn run(
         _ = shutdown.cancelled() => return Ok(SessionEnd::Shutdown),
     };
     let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+    // ACKs and results queued while the wire is busy go as one message,
+    // once the server has said it reads batches (an older one does not).
+    let batches = BatchSwitch::default();
+    let outbound = Coalesce::new(rx, Ok, batches.clone()).filter_map(Result::ok);
     send(
         &tx,
         connect_request::Message::Register(registration(shared)),
@@ -65,7 +70,7 @@ pub(crate) async fn run(
     .await?;
     let mut client = DispatcherClient::new(channel);
     let open = async {
-        let request = crate::wire::request(shared, ReceiverStream::new(rx))?;
+        let request = crate::wire::request(shared, outbound)?;
         let mut inbound = client.connect(request).await?.into_inner();
         let first = inbound.message().await?;
         Ok::<_, Error>((inbound, first))
@@ -85,6 +90,9 @@ pub(crate) async fn run(
         }
         None => return Err(Error::Protocol("stream ended before registered".into())),
     };
+    if registered.accepts_batches {
+        batches.turn_on();
+    }
     let heartbeat = registered
         .heartbeat_interval
         .and_then(|d| Duration::try_from(d).ok())
@@ -159,7 +167,14 @@ impl Session<'_> {
                 biased;
                 Some(done) = done_rx.recv() => self.on_done(done).await?,
                 message = inbound.message() => match message? {
-                    Some(message) => self.on_message(message).await?,
+                    Some(message) => match message.unbatch() {
+                        Err(alone) => self.on_message(alone).await?,
+                        Ok(batch) => {
+                            for message in batch {
+                                self.on_message(message).await?;
+                            }
+                        }
+                    },
                     None => return Ok(SessionEnd::Closed),
                 },
                 _ = shutdown.cancelled(), if !shutdown_seen => {
@@ -197,8 +212,10 @@ impl Session<'_> {
         debug!(worker_id, "drained; closing the stream");
         let _ = tokio::time::timeout(CLOSE_GRACE, async {
             while let Ok(Some(message)) = inbound.message().await {
-                if let Some(connect_response::Message::Recorded(r)) = message.message {
-                    log_recorded(&worker_id, &r);
+                for message in message.unbatch().unwrap_or_else(|alone| vec![alone]) {
+                    if let Some(connect_response::Message::Recorded(r)) = message.message {
+                        log_recorded(&worker_id, &r);
+                    }
                 }
             }
         })
@@ -240,6 +257,13 @@ impl Session<'_> {
             }
             Some(Message::Registered(_)) => {
                 warn!(worker_id = self.worker_id(), "ignoring a second registered");
+                Ok(())
+            }
+            Some(Message::Batch(_)) => {
+                warn!(
+                    worker_id = self.worker_id(),
+                    "ignoring a batch inside a batch"
+                );
                 Ok(())
             }
             None => Ok(()),

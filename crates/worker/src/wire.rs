@@ -55,6 +55,7 @@ pub(crate) fn registration(shared: &Shared) -> WorkerRegistration {
             .collect(),
         weight: opts.weight,
         namespace: opts.namespace.clone(),
+        accepts_batches: true,
     }
 }
 
@@ -147,5 +148,6 @@ pub(crate) fn response_kind(message: &connect_response::Message) -> &'static str
         Message::Cancel(_) => "cancel",
         Message::Drain(_) => "drain",
         Message::Recorded(_) => "recorded",
+        Message::Batch(_) => "batch",
     }
 }

@@ -4,6 +4,9 @@ message registers; heartbeats every interval the server asked for; each
 assignment is ACKed before it runs (or rejected: BUSY when every slot is
 taken or while draining, UNKNOWN_HANDLER); results are reported in order;
 a drain takes nothing new, finishes what runs, then closes our half.
+We register with `accepts_batches`, so the server may send what it had
+queued as one `batch`; each message in it is handled as if it came alone.
+We send every message alone.
 
 Threads: gRPC reads the outbound queue through `requests()`; the stream's
 reader thread calls `on_message`; handlers run on the worker's pool; one
@@ -59,7 +62,7 @@ class Stats:
         with self._lock:
             out = {k: self.counts.get(k, 0) for k in (
                 "assigned", "succeeded", "failed", "rejected", "results_accepted",
-                "results_refused", "sessions")}
+                "results_refused", "sessions", "batches")}
             out["succeeded_task_ids"] = sorted(self.succeeded_tasks)
             return out
 
@@ -174,9 +177,18 @@ class Session:
         for m in log_messages(task):
             self._send_locked(logs=m)
 
-    def on_message(self, message: pb.ConnectResponse) -> None:
+    def on_message(self, message: pb.ConnectResponse, in_batch: bool = False) -> None:
         kind = message.WhichOneof("message")
-        if kind == "assign":
+        if kind == "batch":
+            # Several messages the server had queued, each as if alone.
+            if in_batch:
+                event(logging.WARNING, "ignoring a batch inside a batch",
+                      worker_id=self.worker.worker_id)
+                return
+            self.worker.stats.add("batches")
+            for inner in message.batch.messages:
+                self.on_message(inner, in_batch=True)
+        elif kind == "assign":
             self.on_assign(message.assign)
         elif kind == "cancel":
             self.on_cancel(message.cancel)

@@ -151,7 +151,9 @@ class Worker:
             session = Session(self)
             session.send(register=pb.WorkerRegistration(
                 worker_id=self.worker_id, name=self.name, handlers=sorted(self.handlers),
-                capacity=self.capacity, labels=self.labels, weight=1))
+                capacity=self.capacity, labels=self.labels, weight=1,
+                # We read `batch` (Session.on_message); we send none.
+                accepts_batches=True))
             call = dispatcher_pb2_grpc.DispatcherStub(channel).Connect(
                 session.requests(), metadata=self.metadata())
             session.call = call

@@ -175,6 +175,13 @@ impl Link {
                     .in_current_span(),
                 );
             }
+            // Never queued (batches form on a stream's way out), but
+            // what one holds is each handled alone.
+            Out::Batch(b) => {
+                for m in b.messages {
+                    self.on_queued(Ok(Box::new(m)));
+                }
+            }
             // Receipts of ACKs (the worker had its answer already), drains
             // (a push worker moves on when this node stops answering).
             Out::Recorded(_) | Out::Drain(_) | Out::Registered(_) => {}

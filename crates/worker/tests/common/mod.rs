@@ -137,6 +137,7 @@ impl Dispatcher for Svc {
                 session_id: "push-session".into(),
                 heartbeat_interval: Some(self.heartbeat.try_into().unwrap()),
                 ack_timeout: Some(Duration::from_secs(10).try_into().unwrap()),
+                accepts_batches: false,
             }),
         }))
     }
@@ -181,6 +182,9 @@ impl Dispatcher for Svc {
                     session_id: "session".into(),
                     heartbeat_interval: Some(heartbeat.try_into().unwrap()),
                     ack_timeout: Some(Duration::from_secs(5).try_into().unwrap()),
+                    // As a server from before batches: the worker must send
+                    // every message alone (the tests read them one by one).
+                    accepts_batches: false,
                 };
                 let _ = to_worker.send(Ok(ConnectResponse {
                     message: Some(connect_response::Message::Registered(registered)),
