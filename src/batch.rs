@@ -37,6 +37,15 @@ pub const MAX_BATCH_MESSAGES: usize = 1024;
 /// alone would have passed.
 pub const MAX_BATCH_BYTES: usize = 1 << 20;
 
+/// What framing a message adds inside a batch, at most: a tag and a
+/// length. [`Coalesce`] counts it with each message.
+const FRAMING: usize = 6;
+
+/// The most bytes a batch of [`Coalesce`] encodes to: [`MAX_BATCH_BYTES`]
+/// (its messages with their framing) and the batch's own framing. An end
+/// whose message limit is below this must not say it reads batches.
+pub const MAX_BATCH_ENCODED_BYTES: usize = MAX_BATCH_BYTES + 16;
+
 /// A Connect message that can carry several of its kind.
 pub trait Batchable: Message + Sized {
     /// The messages as one batch message, in order.
@@ -112,6 +121,8 @@ pub struct Coalesce<I, T> {
     rx: mpsc::Receiver<I>,
     open: fn(I) -> Result<T, Status>,
     switch: BatchSwitch,
+    /// The most bytes of messages one batch gathers.
+    max_bytes: usize,
     /// A message that did not fit in the last batch: the next one's first.
     held: Option<T>,
     /// An error read behind a batch: yielded next, then the stream ends.
@@ -130,10 +141,19 @@ impl<I, T> Coalesce<I, T> {
             rx,
             open,
             switch,
+            max_bytes: MAX_BATCH_BYTES,
             held: None,
             error: None,
             ended: false,
         }
+    }
+
+    /// Gathers at most `max_bytes` of messages, framing counted, into one
+    /// batch (at most [`MAX_BATCH_BYTES`]): for an end whose own message
+    /// limit is lower (it encodes what it sends within that limit).
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_bytes = max_bytes.min(MAX_BATCH_BYTES);
+        self
     }
 }
 
@@ -173,7 +193,7 @@ where
         if !this.switch.is_on() {
             return Poll::Ready(Some(Ok(first)));
         }
-        let mut bytes = first.encoded_len();
+        let mut bytes = first.encoded_len() + FRAMING;
         let mut rest: Vec<T> = Vec::new();
         while rest.len() + 1 < MAX_BATCH_MESSAGES {
             // `try_recv`: what is queued now, outside tokio's budget of
@@ -185,8 +205,8 @@ where
             };
             match (this.open)(item) {
                 Ok(next) => {
-                    let len = next.encoded_len();
-                    if bytes + len > MAX_BATCH_BYTES {
+                    let len = next.encoded_len() + FRAMING;
+                    if bytes + len > this.max_bytes {
                         this.held = Some(next);
                         break;
                     }
@@ -290,7 +310,7 @@ mod tests {
         }
         tx.send(Err(Status::aborted("gone"))).await.unwrap();
         let first = poll(&mut s).await.unwrap().unwrap();
-        assert!(first.encoded_len() <= MAX_BATCH_BYTES + 64);
+        assert!(first.encoded_len() <= MAX_BATCH_ENCODED_BYTES);
         assert_eq!(
             ids(&first),
             vec!["t0", "t1"],
@@ -301,5 +321,22 @@ mod tests {
         let err = poll(&mut s).await.unwrap().unwrap_err();
         assert_eq!(err.code(), tonic::Code::Aborted);
         assert!(poll(&mut s).await.is_none(), "nothing after the error");
+
+        // A lower bound of its own: no batch encodes past it.
+        let (tx, rx) = mpsc::channel(64);
+        let mut s = Coalesce::new(rx, Ok, BatchSwitch::new(true)).with_max_bytes(200);
+        for n in 0..50 {
+            tx.send(ack(n)).await.unwrap();
+        }
+        drop(tx);
+        let (mut seen, mut wire) = (Vec::new(), 0);
+        while let Some(m) = next(&mut s).await {
+            assert!(m.encoded_len() <= 200 + 16, "{} bytes", m.encoded_len());
+            seen.extend(ids(&m));
+            wire += 1;
+        }
+        let want: Vec<String> = (0..50).map(|n| format!("t{n}")).collect();
+        assert_eq!(seen, want, "every message once, in order");
+        assert!((2..50).contains(&wire), "{wire} messages on the wire");
     }
 }

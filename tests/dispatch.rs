@@ -533,4 +533,18 @@ async fn a_worker_that_reads_batches_gets_them_and_may_answer_in_one() {
         assert!(status.message().contains(want), "{status:?}");
     }
     stop_node(node).await;
+
+    // A node whose message limit cannot hold the largest batch does not
+    // say it reads batches, so no worker sends it one.
+    let small = tempfile::tempdir().unwrap();
+    let mut opts = node_options(small.path());
+    opts.dispatcher.max_message_bytes = taskmesh::batch::MAX_BATCH_ENCODED_BYTES - 1;
+    opts.dispatcher.max_payload_bytes = 64 * 1024;
+    let node = start_node(opts).await;
+    let worker = RawWorker::open(node.grpc_addr, None, registration("small"))
+        .await
+        .expect("register");
+    assert!(!worker.server_reads_batches, "a batch would not fit");
+    worker.close().await;
+    stop_node(node).await;
 }

@@ -10,7 +10,9 @@ use std::pin::Pin;
 
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
-use taskmesh::batch::{BatchSwitch, Batchable, Coalesce, MAX_BATCH_MESSAGES};
+use taskmesh::batch::{
+    BatchSwitch, Batchable, Coalesce, MAX_BATCH_ENCODED_BYTES, MAX_BATCH_MESSAGES,
+};
 use taskmesh::v1::{self as pb, connect_request::Message as In, connect_response::Message as Out};
 use taskmesh_coord::{WorkerEntry, WorkerLoad};
 use taskmesh_core::{Event, ReleaseReason, id, validate};
@@ -135,7 +137,8 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
                     self.shared.opts.heartbeat_interval.as_millis() as i64
                 )),
                 ack_timeout: Some(duration(self.shared.opts.ack_timeout.as_millis() as i64)),
-                accepts_batches: true,
+                // Only a limit that holds the largest batch a worker forms.
+                accepts_batches: self.shared.opts.max_message_bytes >= MAX_BATCH_ENCODED_BYTES,
             })),
         };
         // The channel is empty and sized above 1: this cannot fail.
@@ -168,12 +171,12 @@ impl pb::dispatcher_server::Dispatcher for DispatcherService {
         );
         // What the engine and the receipts queue goes out as it comes, or
         // gathered into batches for a worker that reads them.
+        // (Within this node's own encoding limit, with room for framing.)
         let batches = BatchSwitch::new(reg.accepts_batches);
-        Ok(Response::new(Box::pin(Coalesce::new(
-            rx,
-            |m| m.map(|m| *m),
-            batches,
-        ))))
+        let max_bytes = (opts.max_message_bytes / 2).max(1);
+        Ok(Response::new(Box::pin(
+            Coalesce::new(rx, |m| m.map(|m| *m), batches).with_max_bytes(max_bytes),
+        )))
     }
 
     async fn register_push_worker(
