@@ -51,7 +51,8 @@ pub trait Batchable: Message + Sized {
     /// The messages as one batch message, in order.
     fn batch(messages: Vec<Self>) -> Self;
 
-    /// The messages a batch holds, or `None` for any other message.
+    /// The messages a batch holds, or the message itself (`Err`) when it
+    /// is not a batch.
     fn unbatch(self) -> Result<Vec<Self>, Self>;
 }
 
