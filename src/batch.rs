@@ -54,41 +54,42 @@ pub trait Batchable: Message + Sized {
     /// The messages a batch holds, or the message itself (`Err`) when it
     /// is not a batch.
     fn unbatch(self) -> Result<Vec<Self>, Self>;
-}
 
-impl Batchable for ConnectResponse {
-    fn batch(messages: Vec<Self>) -> Self {
-        Self {
-            message: Some(connect_response::Message::Batch(ConnectResponseBatch {
-                messages,
-            })),
-        }
-    }
-
-    fn unbatch(self) -> Result<Vec<Self>, Self> {
-        match self.message {
-            Some(connect_response::Message::Batch(b)) => Ok(b.messages),
-            message => Err(Self { message }),
-        }
+    /// What the message stands for, in order: a batch's messages, or the
+    /// message alone (without allocating for it).
+    fn into_messages(
+        self,
+    ) -> std::iter::Chain<std::option::IntoIter<Self>, std::vec::IntoIter<Self>> {
+        let (alone, batch) = match self.unbatch() {
+            Ok(batch) => (None, batch),
+            Err(alone) => (Some(alone), Vec::new()),
+        };
+        alone.into_iter().chain(batch)
     }
 }
 
-impl Batchable for ConnectRequest {
-    fn batch(messages: Vec<Self>) -> Self {
-        Self {
-            message: Some(connect_request::Message::Batch(ConnectRequestBatch {
-                messages,
-            })),
-        }
-    }
+/// `Batchable` for a Connect message whose `oneof` has a `batch` case.
+macro_rules! batchable {
+    ($message:ident, $oneof:ident, $batch:ident) => {
+        impl Batchable for $message {
+            fn batch(messages: Vec<Self>) -> Self {
+                Self {
+                    message: Some($oneof::Message::Batch($batch { messages })),
+                }
+            }
 
-    fn unbatch(self) -> Result<Vec<Self>, Self> {
-        match self.message {
-            Some(connect_request::Message::Batch(b)) => Ok(b.messages),
-            message => Err(Self { message }),
+            fn unbatch(self) -> Result<Vec<Self>, Self> {
+                match self.message {
+                    Some($oneof::Message::Batch(b)) => Ok(b.messages),
+                    message => Err(Self { message }),
+                }
+            }
         }
-    }
+    };
 }
+
+batchable!(ConnectResponse, connect_response, ConnectResponseBatch);
+batchable!(ConnectRequest, connect_request, ConnectRequestBatch);
 
 /// Whether a stream's other end reads batches: off until it says so, and
 /// may be switched on later (a worker learns it from `registered`, after
@@ -195,8 +196,11 @@ where
             return Poll::Ready(Some(Ok(first)));
         }
         let mut bytes = first.encoded_len() + FRAMING;
-        let mut rest: Vec<T> = Vec::new();
-        while rest.len() + 1 < MAX_BATCH_MESSAGES {
+        // The batch, begun once a second message comes (`first` then moves
+        // into it, so a message alone is never copied).
+        let mut first = Some(first);
+        let mut batch: Vec<T> = Vec::new();
+        while batch.len() < MAX_BATCH_MESSAGES {
             // `try_recv`: what is queued now, outside tokio's budget of
             // polls (which would cut batches at ~128).
             let Ok(item) = this.rx.try_recv() else {
@@ -212,7 +216,8 @@ where
                         break;
                     }
                     bytes += len;
-                    rest.push(next);
+                    batch.extend(first.take());
+                    batch.push(next);
                 }
                 Err(status) => {
                     this.error = Some(status);
@@ -220,11 +225,10 @@ where
                 }
             }
         }
-        if rest.is_empty() {
-            return Poll::Ready(Some(Ok(first)));
-        }
-        rest.insert(0, first);
-        Poll::Ready(Some(Ok(T::batch(rest))))
+        Poll::Ready(Some(Ok(match first {
+            Some(alone) => alone,
+            None => T::batch(batch),
+        })))
     }
 }
 

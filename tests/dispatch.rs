@@ -436,7 +436,7 @@ async fn a_worker_that_reads_batches_gets_them_and_may_answer_in_one() {
             .expect("within 30 s")
             .expect("the stream stays up")
             .expect("the stream stays open");
-        m.unbatch().unwrap_or_else(|alone| vec![alone])
+        m.into_messages().collect::<Vec<_>>()
     };
     let mut assigns = Vec::new();
     while assigns.len() < N {

@@ -323,10 +323,10 @@ async fn read_loop(
         shared.registry.touch(session_id, now);
         // A batch is its messages, each handled as if it came alone; one
         // that breaks the rules is refused whole, before any of it counts.
-        let messages = match msg.unbatch() {
-            Err(alone) => vec![alone],
+        let (alone, batch) = match msg.unbatch() {
+            Err(alone) => (Some(alone), Vec::new()),
             Ok(inner) => match check_batch(&inner) {
-                Ok(()) => inner,
+                Ok(()) => (None, inner),
                 Err(why) => {
                     warn!(error = %why, "batch refused; closing the stream");
                     let _ = tx.try_send(Err(Status::invalid_argument(why.clone())));
@@ -334,7 +334,7 @@ async fn read_loop(
                 }
             },
         };
-        for msg in messages {
+        for msg in alone.into_iter().chain(batch) {
             match msg.message {
                 Some(In::Heartbeat(hb)) => {
                     // Refresh the cluster-wide entry (its TTL, the load figures)

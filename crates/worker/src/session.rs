@@ -167,14 +167,11 @@ impl Session<'_> {
                 biased;
                 Some(done) = done_rx.recv() => self.on_done(done).await?,
                 message = inbound.message() => match message? {
-                    Some(message) => match message.unbatch() {
-                        Err(alone) => self.on_message(alone).await?,
-                        Ok(batch) => {
-                            for message in batch {
-                                self.on_message(message).await?;
-                            }
+                    Some(message) => {
+                        for message in message.into_messages() {
+                            self.on_message(message).await?;
                         }
-                    },
+                    }
                     None => return Ok(SessionEnd::Closed),
                 },
                 _ = shutdown.cancelled(), if !shutdown_seen => {
@@ -212,7 +209,7 @@ impl Session<'_> {
         debug!(worker_id, "drained; closing the stream");
         let _ = tokio::time::timeout(CLOSE_GRACE, async {
             while let Ok(Some(message)) = inbound.message().await {
-                for message in message.unbatch().unwrap_or_else(|alone| vec![alone]) {
+                for message in message.into_messages() {
                     if let Some(connect_response::Message::Recorded(r)) = message.message {
                         log_recorded(&worker_id, &r);
                     }
