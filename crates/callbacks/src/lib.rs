@@ -168,7 +168,10 @@ impl Deliverer {
     /// leases bring them back.
     pub async fn run(self, shutdown: CancellationToken) {
         let inner = &self.inner;
-        let mut changes = inner.store.subscribe();
+        // Only changes that queued a callback (and resync markers).
+        let mut changes = inner
+            .store
+            .subscribe_to(taskmesh_store::ChangeInterest::Callbacks);
         let slots = inner.opts.concurrency.max(1);
         let mut running: JoinSet<()> = JoinSet::new();
         info!("callback delivery started");

@@ -282,7 +282,11 @@ pub async fn run(
     mut pushes: mpsc::UnboundedReceiver<TaskRecord>,
     shutdown: CancellationToken,
 ) {
-    let mut changes = shared.store.subscribe();
+    // Only what a dispatcher acts on (READY, a freed key, CANCELLED): the
+    // other changes, most of them, do not wake this loop.
+    let mut changes = shared
+        .store
+        .subscribe_to(taskmesh_store::ChangeInterest::Dispatch);
     // A safety net: a wake-up lost to a lagging subscriber costs at most this.
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

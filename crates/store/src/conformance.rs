@@ -69,6 +69,7 @@ macro_rules! store_conformance_suite {
             transition_many_mixed,
             transition_many_isolates_a_refused_write,
             subscribe_sees_changes,
+            subscribe_to_sends_what_the_interest_wants,
             survives_reopen,
             schedule_crud_with_cas,
             due_schedules_and_next_due,
@@ -277,8 +278,8 @@ mod workflows;
 
 pub use batch_create::{create_tasks_batch, create_tasks_many};
 pub use batch_watch::{
-    subscribe_sees_changes, survives_reopen, transition_many_isolates_a_refused_write,
-    transition_many_mixed,
+    subscribe_sees_changes, subscribe_to_sends_what_the_interest_wants, survives_reopen,
+    transition_many_isolates_a_refused_write, transition_many_mixed,
 };
 pub use callbacks::{
     callback_claims_lease_and_outcomes, callback_queued_with_terminal_transition,

@@ -48,8 +48,8 @@ pub use sql::CreatedWorkflow;
 pub use sqlite::{SqliteOptions, SqliteStore};
 pub(crate) use types::existing_or_taken;
 pub use types::{
-    Chooser, Claim, Created, FireCommit, FireCommitted, LIST_SCAN, LogsAppended, ScheduleChange,
-    TaskChange, TaskFilter, TaskPage, TaskStats, claim_scan,
+    ChangeInterest, Chooser, Claim, Created, FireCommit, FireCommitted, LIST_SCAN, LogsAppended,
+    ScheduleChange, TaskChange, TaskFilter, TaskPage, TaskStats, claim_scan,
 };
 
 /// Result of store operations.
@@ -284,7 +284,14 @@ pub trait Store: Send + Sync + 'static {
     /// sends a burst of [`TaskChange::resync`] markers one longer than the
     /// channel, so receivers get `Lagged`, or, if they kept up with the
     /// burst, read markers that name no task; either means re-read.
-    fn subscribe(&self) -> broadcast::Receiver<TaskChange>;
+    fn subscribe(&self) -> broadcast::Receiver<TaskChange> {
+        self.subscribe_to(ChangeInterest::All)
+    }
+
+    /// [`Store::subscribe`], sent only the changes `interest` wants (and
+    /// every resync marker): a subscriber that would skip most changes is
+    /// not woken for them.
+    fn subscribe_to(&self, interest: ChangeInterest) -> broadcast::Receiver<TaskChange>;
 
     /// Claims up to `limit` PENDING callbacks due by `now`, earliest first,
     /// in one transaction, each with its task (attempts included). A claimed

@@ -20,8 +20,8 @@ use taskmesh_core::{
 use tokio::sync::broadcast;
 
 use crate::{
-    Chooser, Created, CreatedWorkflow, FireCommit, FireCommitted, Result, ScheduleChange, Store,
-    TaskChange, TaskFilter, TaskPage,
+    ChangeInterest, Chooser, Created, CreatedWorkflow, FireCommit, FireCommitted, Result,
+    ScheduleChange, Store, TaskChange, TaskFilter, TaskPage,
 };
 
 /// Name of the store latency histogram.
@@ -231,8 +231,8 @@ impl<S: Store> Store for Metered<S> {
         timed("ready_counts", self.inner.ready_counts()).await
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<TaskChange> {
-        self.inner.subscribe()
+    fn subscribe_to(&self, interest: ChangeInterest) -> broadcast::Receiver<TaskChange> {
+        self.inner.subscribe_to(interest)
     }
 
     async fn claim_callbacks(

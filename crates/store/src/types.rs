@@ -160,6 +160,42 @@ impl TaskChange {
     }
 }
 
+/// Which committed task changes a subscriber is sent
+/// ([`Store::subscribe_to`](crate::Store::subscribe_to)). The store sorts
+/// each change when it publishes it, so a subscriber is not woken for a
+/// change it would only skip: at light load every woken task may wake an
+/// idle runtime thread as well. [`TaskChange::resync`] markers reach every
+/// interest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChangeInterest {
+    /// Every change (watchers, the timing wheel, the bench).
+    All,
+    /// What a dispatcher acts on: a task READY, a concurrency key that may
+    /// have room again ([`TaskChange::frees_key`]), a task CANCELLED (its
+    /// attempt in flight is stopped).
+    Dispatch,
+    /// Changes that queued a callback ([`TaskChange::callback`]).
+    Callbacks,
+}
+
+impl ChangeInterest {
+    /// Every interest, in the order a store keeps its channels.
+    pub const EVERY: [ChangeInterest; 3] = [Self::All, Self::Dispatch, Self::Callbacks];
+
+    /// Whether a subscriber of this interest is sent `change`.
+    pub fn wants(self, change: &TaskChange) -> bool {
+        change.is_resync()
+            || match self {
+                Self::All => true,
+                Self::Dispatch => {
+                    matches!(change.state, TaskState::Ready | TaskState::Cancelled)
+                        || change.frees_key
+                }
+                Self::Callbacks => change.callback,
+            }
+    }
+}
+
 /// A committed change of a schedule, published after the commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduleChange {

@@ -8,7 +8,7 @@ use taskmesh_core::{Event, NewTask, TaskState, TransitionError};
 use super::{
     StoreFixture, T0, ack, create, dispatch, get, new_task, step, succeed, without_attempts,
 };
-use crate::Error;
+use crate::{ChangeInterest, Error};
 
 /// One batch of events: each succeeds or fails on its own, in order, and
 /// later events see earlier ones.
@@ -136,6 +136,71 @@ pub async fn subscribe_sees_changes(fixture: &dyn StoreFixture) {
         (change.task_id.as_str(), change.state, change.version),
         (t2.id.as_str(), TaskState::Dispatching, 2),
         "the refused event published nothing"
+    );
+}
+
+/// [`Store::subscribe_to`](crate::Store::subscribe_to): each interest is
+/// sent the changes it wants and no other, in commit order; `All` is sent
+/// every one.
+pub async fn subscribe_to_sends_what_the_interest_wants(fixture: &dyn StoreFixture) {
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let mut all = store.subscribe_to(ChangeInterest::All);
+    let mut dispatch_rx = store.subscribe_to(ChangeInterest::Dispatch);
+    let mut callbacks = store.subscribe_to(ChangeInterest::Callbacks);
+
+    // READY, DISPATCHING, RUNNING, SUCCEEDED (no callback).
+    let t = create(store, new_task("interest"), T0).await;
+    let t = step(store, &t, dispatch("exec-1", "w-1", T0 + 5_000), T0 + 1).await;
+    let t = step(store, &t, ack("exec-1"), T0 + 2).await;
+    step(store, &t, succeed("exec-1", b"ok"), T0 + 3).await;
+    // READY, then CANCELLED with a callback queued.
+    let c = create(
+        store,
+        NewTask {
+            callback_url: "http://127.0.0.1:9/interest".into(),
+            ..new_task("interest")
+        },
+        T0,
+    )
+    .await;
+    let cancel = Event::Cancel {
+        reason: "stop".into(),
+    };
+    step(store, &c, cancel, T0 + 4).await;
+
+    // The store publishes before its call returns: what is not queued now
+    // was never sent.
+    let drain = |rx: &mut tokio::sync::broadcast::Receiver<crate::TaskChange>| {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|c| (c.task_id, c.state))
+            .collect::<Vec<_>>()
+    };
+    let (tid, cid) = (t.id.clone(), c.id.clone());
+    assert_eq!(
+        drain(&mut all),
+        vec![
+            (tid.clone(), TaskState::Ready),
+            (tid.clone(), TaskState::Dispatching),
+            (tid.clone(), TaskState::Running),
+            (tid.clone(), TaskState::Succeeded),
+            (cid.clone(), TaskState::Ready),
+            (cid.clone(), TaskState::Cancelled),
+        ]
+    );
+    assert_eq!(
+        drain(&mut dispatch_rx),
+        vec![
+            (tid, TaskState::Ready),
+            (cid.clone(), TaskState::Ready),
+            (cid.clone(), TaskState::Cancelled),
+        ],
+        "the dispatcher's interest: READY and CANCELLED only"
+    );
+    assert_eq!(
+        drain(&mut callbacks),
+        vec![(cid, TaskState::Cancelled)],
+        "the callback deliverer's interest: the change that queued a callback only"
     );
 }
 

@@ -15,8 +15,8 @@ use super::backend::Backend;
 use super::tasks::sql_limit;
 use super::{SqlStore, args};
 use crate::{
-    Chooser, Created, CreatedWorkflow, Error, FireCommit, FireCommitted, Result, ScheduleChange,
-    Store, TaskChange, TaskFilter, TaskPage, TaskStats, decode,
+    ChangeInterest, Chooser, Created, CreatedWorkflow, Error, FireCommit, FireCommitted, Result,
+    ScheduleChange, Store, TaskChange, TaskFilter, TaskPage, TaskStats, decode,
 };
 
 #[async_trait]
@@ -193,8 +193,8 @@ impl<B: Backend> Store for SqlStore<B> {
             .collect()
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<TaskChange> {
-        self.channels().tasks.subscribe()
+    fn subscribe_to(&self, interest: ChangeInterest) -> broadcast::Receiver<TaskChange> {
+        self.channels().subscribe(interest)
     }
 
     async fn claim_callbacks(

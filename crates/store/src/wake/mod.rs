@@ -18,7 +18,7 @@ pub(crate) mod payload;
 use async_trait::async_trait;
 use tokio::sync::broadcast;
 
-use crate::{ScheduleChange, TaskChange};
+use crate::{ChangeInterest, ScheduleChange, TaskChange};
 
 pub(crate) use outbox::Outbox;
 
@@ -29,8 +29,10 @@ pub(crate) const CHANGE_CAPACITY: usize = 4096;
 /// its transport's receiving half.
 #[derive(Debug)]
 pub(crate) struct Channels {
-    /// Committed task changes, this process's and (relayed) others'.
-    pub(crate) tasks: broadcast::Sender<TaskChange>,
+    /// Committed task changes, this process's and (relayed) others', one
+    /// channel per [`ChangeInterest`] (in the order of
+    /// [`ChangeInterest::EVERY`]), each sent only what its interest wants.
+    tasks: [broadcast::Sender<TaskChange>; ChangeInterest::EVERY.len()],
     /// Committed schedule changes, likewise.
     pub(crate) schedules: broadcast::Sender<ScheduleChange>,
 }
@@ -38,15 +40,24 @@ pub(crate) struct Channels {
 impl Channels {
     pub(crate) fn new() -> Self {
         Self {
-            tasks: broadcast::channel(CHANGE_CAPACITY).0,
+            tasks: ChangeInterest::EVERY.map(|_| broadcast::channel(CHANGE_CAPACITY).0),
             schedules: broadcast::channel(CHANGE_CAPACITY).0,
         }
+    }
+
+    /// A receiver of the task changes `interest` wants.
+    pub(crate) fn subscribe(&self, interest: ChangeInterest) -> broadcast::Receiver<TaskChange> {
+        self.tasks[interest as usize].subscribe()
     }
 
     /// Sends changes to this process's subscribers; nobody listening is fine.
     pub(crate) fn send(&self, tasks: &[TaskChange], schedules: &[ScheduleChange]) {
         for change in tasks {
-            let _ = self.tasks.send(change.clone());
+            for (interest, tx) in ChangeInterest::EVERY.iter().zip(&self.tasks) {
+                if tx.receiver_count() > 0 && interest.wants(change) {
+                    let _ = tx.send(change.clone());
+                }
+            }
         }
         for change in schedules {
             let _ = self.schedules.send(change.clone());
@@ -59,7 +70,9 @@ impl Channels {
     /// already re-reads on), and one that keeps up reads markers
     /// ([`TaskChange::is_resync`]) that say the same.
     pub(crate) fn lag(&self) {
-        burst(&self.tasks, TaskChange::resync());
+        for tx in &self.tasks {
+            burst(tx, TaskChange::resync());
+        }
         burst(&self.schedules, ScheduleChange::resync());
     }
 
