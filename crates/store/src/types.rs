@@ -179,8 +179,14 @@ pub enum ChangeInterest {
 }
 
 impl ChangeInterest {
-    /// Every interest, in the order a store keeps its channels.
+    /// Every interest, in the order a store keeps its channels: each at
+    /// the index of its own discriminant (checked below at compile time).
     pub const EVERY: [ChangeInterest; 3] = [Self::All, Self::Dispatch, Self::Callbacks];
+
+    /// Its index in [`ChangeInterest::EVERY`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
 
     /// Whether a subscriber of this interest is sent `change`.
     pub fn wants(self, change: &TaskChange) -> bool {
@@ -195,6 +201,14 @@ impl ChangeInterest {
             }
     }
 }
+
+const _: () = {
+    let mut i = 0;
+    while i < ChangeInterest::EVERY.len() {
+        assert!(ChangeInterest::EVERY[i].index() == i);
+        i += 1;
+    }
+};
 
 /// A committed change of a schedule, published after the commit.
 #[derive(Debug, Clone, PartialEq, Eq)]

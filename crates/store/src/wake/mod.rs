@@ -47,7 +47,7 @@ impl Channels {
 
     /// A receiver of the task changes `interest` wants.
     pub(crate) fn subscribe(&self, interest: ChangeInterest) -> broadcast::Receiver<TaskChange> {
-        self.tasks[interest as usize].subscribe()
+        self.tasks[interest.index()].subscribe()
     }
 
     /// Sends changes to this process's subscribers; nobody listening is fine.
