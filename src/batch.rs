@@ -57,15 +57,22 @@ pub trait Batchable: Message + Sized {
 
     /// What the message stands for, in order: a batch's messages, or the
     /// message alone (without allocating for it).
-    fn into_messages(
-        self,
-    ) -> std::iter::Chain<std::option::IntoIter<Self>, std::vec::IntoIter<Self>> {
-        let (alone, batch) = match self.unbatch() {
-            Ok(batch) => (None, batch),
-            Err(alone) => (Some(alone), Vec::new()),
-        };
-        alone.into_iter().chain(batch)
+    fn into_messages(self) -> Messages<Self> {
+        messages(self.unbatch())
     }
+}
+
+/// A message's messages, in order ([`Batchable::into_messages`]).
+pub type Messages<T> = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
+
+/// The messages of what [`Batchable::unbatch`] answered: a batch's, or
+/// the message alone. For a reader that checks a batch before it reads it.
+pub fn messages<T>(unbatched: Result<Vec<T>, T>) -> Messages<T> {
+    let (alone, batch) = match unbatched {
+        Ok(batch) => (None, batch),
+        Err(alone) => (Some(alone), Vec::new()),
+    };
+    alone.into_iter().chain(batch)
 }
 
 /// `Batchable` for a Connect message whose `oneof` has a `batch` case.

@@ -206,27 +206,22 @@ impl Deliverer {
             }
             let sleep = tokio::time::sleep(wait);
             tokio::pin!(sleep);
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => {
-                        running.shutdown().await;
-                        info!("callback delivery stopped");
-                        return;
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    running.shutdown().await;
+                    info!("callback delivery stopped");
+                    return;
+                }
+                _ = &mut sleep => {}
+                Some(_) = running.join_next(), if !running.is_empty() => {}
+                change = changes.recv() => {
+                    // The channel carries only changes that queued a
+                    // callback (and resync markers), each of which may make
+                    // one due now; other ends cost no round.
+                    if let Err(RecvError::Closed) = change {
+                        // The store is gone; only the timer is left.
+                        (&mut sleep).await;
                     }
-                    _ = &mut sleep => break,
-                    Some(_) = running.join_next(), if !running.is_empty() => break,
-                    change = changes.recv() => match change {
-                        // Only a change that queued a callback can make one
-                        // due now: other ends (most of them) cost no round.
-                        Ok(c) if c.callback || c.is_resync() => break,
-                        Ok(_) => {}
-                        Err(RecvError::Lagged(_)) => break,
-                        Err(RecvError::Closed) => {
-                            // The store is gone; only the timer is left.
-                            (&mut sleep).await;
-                            break;
-                        }
-                    },
                 }
             }
         }

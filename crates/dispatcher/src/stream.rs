@@ -323,18 +323,15 @@ async fn read_loop(
         shared.registry.touch(session_id, now);
         // A batch is its messages, each handled as if it came alone; one
         // that breaks the rules is refused whole, before any of it counts.
-        let (alone, batch) = match msg.unbatch() {
-            Err(alone) => (Some(alone), Vec::new()),
-            Ok(inner) => match check_batch(&inner) {
-                Ok(()) => (None, inner),
-                Err(why) => {
-                    warn!(error = %why, "batch refused; closing the stream");
-                    let _ = tx.try_send(Err(Status::invalid_argument(why.clone())));
-                    break format!("refused a batch: {why}");
-                }
-            },
-        };
-        for msg in alone.into_iter().chain(batch) {
+        let unbatched = msg.unbatch();
+        if let Ok(inner) = &unbatched
+            && let Err(why) = check_batch(inner)
+        {
+            warn!(error = %why, "batch refused; closing the stream");
+            let _ = tx.try_send(Err(Status::invalid_argument(why.clone())));
+            break format!("refused a batch: {why}");
+        }
+        for msg in taskmesh::batch::messages(unbatched) {
             match msg.message {
                 Some(In::Heartbeat(hb)) => {
                     // Refresh the cluster-wide entry (its TTL, the load figures)
