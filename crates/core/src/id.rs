@@ -1,6 +1,13 @@
-//! Identifiers. Task ids are UUIDv7 (time-ordered, so the primary key index
-//! stays append-mostly); execution, session and callback delivery ids are
-//! UUIDv4.
+//! Identifiers. Task, execution and callback delivery ids are UUIDv7:
+//! time-ordered, so each index keyed by one (tasks' primary key, attempts'
+//! `execution_id`, callbacks' primary key) grows at its right edge and its
+//! oldest rows, the ones retention removes, sit together at its left. A
+//! UUIDv4 key lands each insert and each delete on a random leaf page,
+//! which a store whose index outgrows its page cache reads back from the
+//! file every time (and Postgres logs a full page image of after each
+//! checkpoint). None of them is a secret: a push-mode report proves
+//! itself with its assignment's secret, not its execution id. Session ids
+//! are not stored in an index and stay UUIDv4.
 
 use uuid::Uuid;
 
@@ -9,14 +16,15 @@ pub fn new_task_id() -> String {
     Uuid::now_v7().hyphenated().to_string()
 }
 
-/// A new execution id for one attempt.
+/// A new execution id for one attempt: a UUIDv7.
 pub fn new_execution_id() -> String {
-    Uuid::new_v4().hyphenated().to_string()
+    Uuid::now_v7().hyphenated().to_string()
 }
 
-/// A new delivery id for one task's callback (the same on every retry).
+/// A new delivery id for one task's callback (the same on every retry): a
+/// UUIDv7.
 pub fn new_delivery_id() -> String {
-    Uuid::new_v4().hyphenated().to_string()
+    Uuid::now_v7().hyphenated().to_string()
 }
 
 /// A new session id for one worker stream.
@@ -41,6 +49,19 @@ mod tests {
         let b = new_task_id();
         assert_eq!(parse_task_id(&a).as_deref(), Some(a.as_str()));
         assert!(a < b, "UUIDv7 ids must sort by creation: {a} !< {b}");
+    }
+
+    #[test]
+    fn execution_and_delivery_ids_sort_by_time() {
+        // Indexes keyed by them grow at one edge (the module's comment).
+        for new in [new_execution_id, new_delivery_id] {
+            let ids: Vec<String> = (0..1_000).map(|_| new()).collect();
+            assert!(
+                ids.windows(2).all(|w| w[0] < w[1]),
+                "ids must sort by creation"
+            );
+            assert_eq!(Uuid::try_parse(&ids[0]).map(|u| u.get_version_num()), Ok(7));
+        }
     }
 
     #[test]
