@@ -11,20 +11,25 @@
 
 use uuid::Uuid;
 
-/// A new task id: a UUIDv7 in hyphenated lowercase text.
+/// A UUIDv7 in hyphenated lowercase text: every id a store keys an index
+/// by (the module's comment).
+fn time_ordered() -> String {
+    Uuid::now_v7().hyphenated().to_string()
+}
+
+/// A new task id.
 pub fn new_task_id() -> String {
-    Uuid::now_v7().hyphenated().to_string()
+    time_ordered()
 }
 
-/// A new execution id for one attempt: a UUIDv7.
+/// A new execution id for one attempt.
 pub fn new_execution_id() -> String {
-    Uuid::now_v7().hyphenated().to_string()
+    time_ordered()
 }
 
-/// A new delivery id for one task's callback (the same on every retry): a
-/// UUIDv7.
+/// A new delivery id for one task's callback (the same on every retry).
 pub fn new_delivery_id() -> String {
-    Uuid::now_v7().hyphenated().to_string()
+    time_ordered()
 }
 
 /// A new session id for one worker stream.
