@@ -38,8 +38,9 @@ unit: build ## The Rust tests: unit, property, conformance and end-to-end
 faults: tools services ## Every fault scenario (partitions in network namespaces, skewed clocks, full and slow disks), one summary line each; needs root, ~5 min
 	bash scripts/faults.sh
 
-bench: ## Balancer micro-benchmark (divan) and the skew scenario per strategy (release builds)
+bench: ## Micro-benchmarks (divan: the balancer, a submit's request rules) and the skew scenario per strategy (release builds)
 	$(CARGO) bench -p taskmesh-dispatcher --bench choose
+	$(CARGO) bench -p taskmesh-dispatcher --bench rules
 	$(CARGO) run --release -p taskmesh-cli --bin taskmesh -- bench --scenario skew --output table
 
 schemathesis: build ## Fuzz a real `taskmesh serve` through its served OpenAPI document (no 5xx, responses conform)

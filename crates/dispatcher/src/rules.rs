@@ -12,8 +12,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::{Either, Ready, ready};
-use prost_protovalidate::{Error as RuleError, Validator};
-use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
+use prost_protovalidate::{Error as RuleError, Filter, ValidationOption, Validator};
+use prost_reflect::{
+    DescriptorPool, DynamicMessage, FieldDescriptor, MessageDescriptor, OneofDescriptor,
+};
 use tower::{Layer, Service};
 
 use crate::layers::WholeBytes;
@@ -26,6 +28,9 @@ pub struct RequestRules {
     /// The message of each message-level CEL rule by id (the validator
     /// reports those rules by id alone).
     cel_messages: HashMap<String, String>,
+    /// The validator's options for every check: the filter that skips the
+    /// submit's own rules where they are seen to hold ([`SubmitRulesHold`]).
+    options: [ValidationOption; 1],
 }
 
 impl std::fmt::Debug for RequestRules {
@@ -71,6 +76,9 @@ impl RequestRules {
             validator: Validator::new(),
             inputs,
             cel_messages,
+            options: [ValidationOption::Filter(Arc::new(SubmitRulesHold::new(
+                pool,
+            )))],
         }
     }
 
@@ -83,7 +91,7 @@ impl RequestRules {
     /// rule, each naming the field and the rule (`task_id: value must be a
     /// valid UUID`).
     pub fn check_message(&self, message: &DynamicMessage) -> Result<(), tonic::Status> {
-        match self.validator.validate(message) {
+        match self.validator.validate_with(message, &self.options) {
             Ok(()) => Ok(()),
             Err(RuleError::Validation(err)) => Err(tonic::Status::invalid_argument(
                 err.violations()
@@ -131,6 +139,107 @@ impl RequestRules {
             return Ok(());
         };
         self.check_message(&message)
+    }
+}
+
+/// The message-level rules of `SubmitTaskRequest` (its CEL rule and its
+/// oneof of `run_at` and `delay`), seen to hold without the CEL
+/// interpreter. The interpreter first turns the whole message into a map of
+/// CEL values, which cost ~17 µs of the ~19 µs a submitted task's rules
+/// took (`cargo bench -p taskmesh-dispatcher --bench rules`). As the
+/// validator's [`Filter`], this only ever lets it skip those rules for a
+/// task where they hold; where they may not, the validator evaluates them
+/// and writes the violation, so the words stay the contract's. Its field
+/// rules (patterns, lengths) run either way.
+///
+/// It knows the rules by their text: when `proto/` gives the message other
+/// message-level rules than [`SubmitRulesHold::KNOWN_CEL`] and
+/// [`SubmitRulesHold::KNOWN_ONEOF`], it stands aside (every rule then runs
+/// through the interpreter) and a unit test fails until it learns them.
+#[derive(Debug)]
+struct SubmitRulesHold {
+    fields: Option<SubmitFields>,
+}
+
+/// The fields [`SubmitRulesHold`] reads.
+#[derive(Debug)]
+struct SubmitFields {
+    message: MessageDescriptor,
+    run_at: FieldDescriptor,
+    delay: FieldDescriptor,
+    concurrency_key: FieldDescriptor,
+    concurrency_limit: FieldDescriptor,
+}
+
+impl SubmitRulesHold {
+    const MESSAGE: &str = "taskmesh.v1.SubmitTaskRequest";
+    /// The one CEL rule it checks natively: (id, expression).
+    const KNOWN_CEL: (&str, &str) = (
+        "submit.concurrency",
+        "(this.concurrency_key == '') == (this.concurrency_limit == 0u)",
+    );
+    /// The one oneof rule (not required) it checks natively.
+    const KNOWN_ONEOF: [&str; 2] = ["run_at", "delay"];
+
+    fn new(pool: &DescriptorPool) -> Self {
+        use prost_protovalidate::types::MessageConstraintsExt;
+        let fields = pool.get_message_by_name(Self::MESSAGE).and_then(|message| {
+            let rules = message.message_constraints().ok()??;
+            let [cel] = rules.cel.as_slice() else {
+                return None;
+            };
+            let [oneof] = rules.oneof.as_slice() else {
+                return None;
+            };
+            let known = rules.cel_expression.is_empty()
+                && cel.id.as_deref() == Some(Self::KNOWN_CEL.0)
+                && cel.expression.as_deref() == Some(Self::KNOWN_CEL.1)
+                && oneof.fields == Self::KNOWN_ONEOF
+                && !oneof.required.unwrap_or(false);
+            if !known {
+                return None;
+            }
+            Some(SubmitFields {
+                run_at: message.get_field_by_name("run_at")?,
+                delay: message.get_field_by_name("delay")?,
+                concurrency_key: message.get_field_by_name("concurrency_key")?,
+                concurrency_limit: message.get_field_by_name("concurrency_limit")?,
+                message,
+            })
+        });
+        Self { fields }
+    }
+
+    /// Whether the submit's message-level rules are seen to hold for
+    /// `message` (false when it is not a submit, or they may not).
+    fn hold(&self, message: &DynamicMessage, descriptor: &MessageDescriptor) -> bool {
+        let Some(f) = &self.fields else {
+            return false;
+        };
+        if *descriptor != f.message {
+            return false;
+        }
+        let at_most_one_time = !(message.has_field(&f.run_at) && message.has_field(&f.delay));
+        let no_key = message
+            .get_field(&f.concurrency_key)
+            .as_str()
+            .is_some_and(str::is_empty);
+        let no_limit = message.get_field(&f.concurrency_limit).as_u32() == Some(0);
+        at_most_one_time && no_key == no_limit
+    }
+}
+
+impl Filter for SubmitRulesHold {
+    fn should_validate(&self, message: &DynamicMessage, descriptor: &MessageDescriptor) -> bool {
+        !self.hold(message, descriptor)
+    }
+
+    fn should_validate_field(&self, _message: &DynamicMessage, _field: &FieldDescriptor) -> bool {
+        true
+    }
+
+    fn should_validate_oneof(&self, _message: &DynamicMessage, _oneof: &OneofDescriptor) -> bool {
+        true
     }
 }
 
@@ -292,6 +401,70 @@ mod tests {
             err,
             "schedule: cron_expression is required for a CRON schedule"
         );
+    }
+
+    #[test]
+    fn the_submit_pre_check_knows_the_submits_rules() {
+        let pool = DescriptorPool::decode(taskmesh::FILE_DESCRIPTOR_SET).expect("decodes");
+        assert!(
+            SubmitRulesHold::new(&pool).fields.is_some(),
+            "SubmitTaskRequest's message-level rules in proto/ are not the ones \
+             SubmitRulesHold checks: teach it the new ones (KNOWN_CEL, KNOWN_ONEOF, hold)"
+        );
+    }
+
+    /// Every combination of the fields the submit's own rules read: the
+    /// validator with the pre-check as its filter finds exactly what it
+    /// finds without it.
+    #[test]
+    fn the_submit_pre_check_agrees_with_the_interpreter() {
+        let rules = rules();
+        let input = rules
+            .input("/taskmesh.v1.TaskApi/SubmitTask")
+            .expect("SubmitTask")
+            .clone();
+        let verdict = |result: Result<(), RuleError>| match result {
+            Ok(()) => Ok(()),
+            Err(RuleError::Validation(err)) => Err(err
+                .violations()
+                .iter()
+                .map(|v| format!("{} {} {}", v.field_path(), v.rule_id(), v.message()))
+                .collect::<Vec<_>>()),
+            Err(err) => panic!("{err}"),
+        };
+        let mut refused = 0;
+        for key in ["", "customer:42"] {
+            for limit in [0, 1, 10_000, 10_001] {
+                for run_at in [false, true] {
+                    for delay in [false, true] {
+                        for handler in ["echo", "a b"] {
+                            let mut json = serde_json::json!({
+                                "handler": handler,
+                                "concurrencyKey": key,
+                                "concurrencyLimit": limit,
+                            });
+                            if run_at {
+                                json["runAt"] = "2026-12-07T00:00:00Z".into();
+                            }
+                            if delay {
+                                json["delay"] = "5s".into();
+                            }
+                            let message = DynamicMessage::deserialize(input.clone(), json)
+                                .expect("valid JSON");
+                            let with =
+                                verdict(rules.validator.validate_with(&message, &rules.options));
+                            let without = verdict(rules.validator.validate(&message));
+                            assert_eq!(with, without, "{key:?} {limit} {run_at} {delay} {handler}");
+                            refused += usize::from(without.is_err());
+                        }
+                    }
+                }
+            }
+        }
+        // Both kinds of outcome were seen: of the 64 combinations, those
+        // with the good handler, one time at most (3 of 4) and neither key
+        // nor limit or a key with a limit in range (3 of 8) pass: 9.
+        assert_eq!(refused, 64 - 9);
     }
 
     #[test]
