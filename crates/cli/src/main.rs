@@ -7,6 +7,7 @@ mod logging;
 mod logs_cmd;
 mod retention_cmd;
 mod schedule_cmd;
+mod sqlite_memory;
 mod token_cmd;
 
 use std::net::SocketAddr;
@@ -341,6 +342,10 @@ struct WorkerArgs {
 }
 
 fn main() -> std::process::ExitCode {
+    // First, while the process has one thread and SQLite is unused.
+    if let Err(rc) = sqlite_memory::install() {
+        eprintln!("warning: SQLite kept its own allocator (sqlite3_config returned {rc})");
+    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
