@@ -14,7 +14,7 @@
 use std::ffi::{c_int, c_void};
 
 use libmimalloc_sys as mi;
-use libsqlite3_sys as ffi;
+use rusqlite::ffi;
 
 /// A size from SQLite (never negative in practice) as mimalloc's.
 fn size_in(n: c_int) -> usize {
