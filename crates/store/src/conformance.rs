@@ -55,6 +55,7 @@ macro_rules! store_conformance_suite {
             create_tasks_many,
             concurrent_idempotent_creates,
             list_filters_and_paging,
+            lists_by_state_follow_each_task_through_its_life,
             children_are_listed_by_parent,
             full_life_records_attempts,
             stale_execution_refused,
@@ -301,7 +302,7 @@ pub use concurrency::{
 };
 pub use create_list::{
     children_are_listed_by_parent, concurrent_idempotent_creates, idempotent_create,
-    list_filters_and_paging,
+    list_filters_and_paging, lists_by_state_follow_each_task_through_its_life,
 };
 pub use fence::fenced_writes_from_an_old_leader_are_refused;
 pub use lifecycle::{

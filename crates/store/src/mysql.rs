@@ -54,6 +54,7 @@ static DIALECT: Dialect = Dialect {
     concurrency_from: "tasks FORCE INDEX (tasks_concurrency)",
     ended_from: "tasks t FORCE INDEX (tasks_ended)",
     in_flight_from: "tasks FORCE INDEX (tasks_ready_claim)",
+    unheld: "",
     ended_workflows_from: "workflows w FORCE INDEX (workflows_ended)",
     bulk: BulkForm::JoinUnion,
     ignore_duplicate: " ON DUPLICATE KEY UPDATE {k0} = {k0}",

@@ -55,13 +55,14 @@ pub(crate) static DIALECT: Dialect = Dialect {
     // The unary `+` keeps the planner on `tasks_next_at`.
     due_state: "+state",
     // Without statistics the planner may prefer a full index of the state
-    // (`tasks_namespace_state_id`), which needs a table lookup per row and
+    // (`tasks_namespace_state_id_unheld`), which needs a table lookup per row and
     // a sort.
     ready_from: "tasks INDEXED BY tasks_ready_claim",
     concurrency_from: "tasks",
     ended_from: "tasks t INDEXED BY tasks_ended",
     ended_workflows_from: "workflows w INDEXED BY workflows_ended",
     in_flight_from: "tasks INDEXED BY tasks_in_flight",
+    unheld: " AND state NOT IN ('DISPATCHING', 'RUNNING')",
     bulk: BulkForm::ValuesNumbered,
     ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",
 };

@@ -166,6 +166,118 @@ pub async fn list_filters_and_paging(fixture: &dyn StoreFixture) {
     assert_eq!(page.next_before_id, None);
 }
 
+/// A list by state finds the tasks in that state and no other, in each
+/// state of a task's life, in flight (DISPATCHING, RUNNING: their lists
+/// read another index than the rest's) or not, within a namespace and
+/// across them, by handler too, paged.
+pub async fn lists_by_state_follow_each_task_through_its_life(fixture: &dyn StoreFixture) {
+    use taskmesh_core::Event;
+
+    use super::{ack, step, succeed};
+    use crate::Claim;
+
+    let store = fixture.open().await;
+    let store = store.as_ref();
+    let mut tasks = Vec::new();
+    for namespace in ["default", "other"] {
+        for j in 0..12 {
+            let handler = if j % 3 == 0 { "h-b" } else { "h-a" };
+            let task = NewTask {
+                namespace: namespace.into(),
+                ..new_task(handler)
+            };
+            tasks.push(create(store, task, T0).await);
+        }
+    }
+    // Of each namespace's handler h-a (8 tasks): 6 claimed, 4 of them
+    // ACKed, 2 of those ended; one of the 2 READY left is cancelled.
+    for namespace in ["default", "other"] {
+        let claimed = store
+            .claim_ready(namespace, "h-a", 6, T0 + 10, &mut |_| {
+                Some(Claim {
+                    execution_id: taskmesh_core::id::new_execution_id(),
+                    worker_id: "w-1".into(),
+                    ack_deadline: T0 + 60_000,
+                })
+            })
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 6);
+        for (k, task) in claimed.iter().take(4).enumerate() {
+            let exec = task.execution_id.clone().expect("claimed");
+            let running = step(store, task, ack(&exec), T0 + 11).await;
+            if k < 2 {
+                step(store, &running, succeed(&exec, b""), T0 + 12).await;
+            }
+        }
+    }
+    let mut current = Vec::new();
+    for task in &tasks {
+        current.push(super::get(store, &task.id).await);
+    }
+    for namespace in ["default", "other"] {
+        let ready = current
+            .iter()
+            .find(|t| t.namespace == namespace && t.handler == "h-a" && t.state == TaskState::Ready)
+            .expect("a READY task left")
+            .clone();
+        let cancel = Event::Cancel {
+            reason: "not wanted".into(),
+        };
+        let cancelled = step(store, &ready, cancel, T0 + 13).await;
+        let slot = current
+            .iter_mut()
+            .find(|t| t.id == cancelled.id)
+            .expect("listed");
+        *slot = cancelled;
+    }
+    let states = [
+        TaskState::Ready,
+        TaskState::Dispatching,
+        TaskState::Running,
+        TaskState::Succeeded,
+        TaskState::Cancelled,
+        TaskState::Failed,
+    ];
+    let mut checked = 0;
+    for state in states {
+        for namespace in [None, Some("default"), Some("other")] {
+            for handler in [None, Some("h-a"), Some("h-b")] {
+                let mut expected: Vec<String> = current
+                    .iter()
+                    .filter(|t| {
+                        t.state == state
+                            && namespace.is_none_or(|n| t.namespace == n)
+                            && handler.is_none_or(|h| t.handler == h)
+                    })
+                    .map(|t| t.id.clone())
+                    .collect();
+                expected.sort_by(|a, b| b.cmp(a));
+                let filter = TaskFilter {
+                    state: Some(state),
+                    namespace: namespace.map(Into::into),
+                    handler: handler.map(Into::into),
+                    ..TaskFilter::default()
+                };
+                let listed: Vec<String> = page_all(store, filter, 3)
+                    .await
+                    .into_iter()
+                    .flatten()
+                    .map(|t| t.id)
+                    .collect();
+                assert_eq!(
+                    listed, expected,
+                    "{state:?} in {namespace:?} of {handler:?}"
+                );
+                checked += expected.len();
+            }
+        }
+    }
+    // Each task counted four times (across namespaces and in its own, with
+    // and without its handler).
+    assert_eq!(checked, 4 * tasks.len());
+}
+
 /// A child's parent is stored with it (one at a time and in a batch) and
 /// listing by parent finds exactly its children, newest first, paged and
 /// with the other filters.

@@ -8,7 +8,7 @@
 //! `{false}` and `{due_state}` (a SQLite planner hint), `{ready_from}` and
 //! `{ended_from}`, `{ended_workflows_from}` (SQLite and MySQL ones),
 //! `{concurrency_from}` (a MySQL one), `{in_flight_from}` (SQLite and
-//! MySQL ones).
+//! MySQL ones), `{unheld}` (SQLite and Postgres ones).
 //! Placeholders become `$1, $2, …` where the dialect numbers them.
 //!
 //! Statements with a row count in them (multi-row inserts, `IN` lists) come
@@ -77,6 +77,13 @@ pub struct Dialect {
     /// partial index, `tasks_ready_claim`, whose leading state column
     /// ranges over the two in-flight states.
     pub in_flight_from: &'static str,
+    /// What follows `state = ?` in a read by the index of the states out
+    /// of flight: SQLite and Postgres repeat the condition of their partial
+    /// `tasks_namespace_state_id_unheld`, as they use a partial index only
+    /// for a query that states (or, Postgres, implies) it. MySQL, whose
+    /// `tasks_namespace_state_id` is a full index, nothing: the condition
+    /// would lead MariaDB to a range of its claim index and a sort.
+    pub unheld: &'static str,
     /// Bulk compare-and-set form.
     pub bulk: BulkForm,
     /// What follows an insert that must ignore a duplicate of the key
@@ -99,6 +106,7 @@ impl Dialect {
             .replace("{ended_from}", self.ended_from)
             .replace("{concurrency_from}", self.concurrency_from)
             .replace("{in_flight_from}", self.in_flight_from)
+            .replace("{unheld}", self.unheld)
             .replace("{ended_workflows_from}", self.ended_workflows_from);
         let mut out = String::with_capacity(text.len() + 64);
         let mut n = 0;

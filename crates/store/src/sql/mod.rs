@@ -43,7 +43,7 @@ pub(crate) const STATEMENT_CACHE: usize = 1_024;
 pub(crate) use backend::{args, bind_all, sqlx_backend};
 pub use batch::Batch;
 pub use dialect::{BulkForm, Dialect, LADDER, Ladder};
-pub use statements::{Statements, list_index};
+pub use statements::{ListState, Statements, list_index};
 pub use workflows::CreatedWorkflow;
 
 pub use crate::decode::Columns;
@@ -129,7 +129,7 @@ pub(crate) mod testing {
     pub(crate) fn indexed_queries(
         sql: &'static super::Statements,
     ) -> Vec<(&'static str, &'static str, &'static str)> {
-        use super::list_index;
+        use super::{ListState, list_index};
         vec![
             ("callbacks_due", &sql.claim_callbacks, "ii"),
             ("callbacks_due", &sql.next_callback, ""),
@@ -150,17 +150,26 @@ pub(crate) mod testing {
             ("tasks_in_flight|tasks_ready_claim", &sql.in_flight_of, "t"),
             (
                 "tasks_namespace_id",
-                &sql.list[list_index(true, false, false, true, false, false)],
+                &sql.list[list_index(true, ListState::Any, false, true, false, false)],
                 "nti",
             ),
+            // A state out of flight: the partial index that leaves the
+            // tasks in flight out (InnoDB has no partial index: the full
+            // one).
             (
-                "tasks_namespace_state_id",
-                &sql.list[list_index(true, true, false, false, false, false)],
+                "tasks_namespace_state_id_unheld|tasks_namespace_state_id",
+                &sql.list[list_index(true, ListState::Unheld, false, false, false, false)],
                 "nti",
+            ),
+            // Retention's first kept task of an ended state.
+            (
+                "tasks_namespace_state_id_unheld|tasks_namespace_state_id",
+                &sql.oldest_ended,
+                "nt",
             ),
             (
                 "tasks_handler_id",
-                &sql.list[list_index(true, false, true, true, false, false)],
+                &sql.list[list_index(true, ListState::Any, true, true, false, false)],
                 "ntti",
             ),
             // Retention's scan: a range of ended tasks in the order they
@@ -176,8 +185,14 @@ pub(crate) mod testing {
                 sql.delete_ended.get(4),
                 "tttt",
             ),
-            // GetStats' queues, by the claim's index.
-            ("tasks_ready_claim", &sql.stats_queues, "n"),
+            // GetStats' queues, by the claim's index (or, on Postgres with
+            // statistics, by the index of the states out of flight: the same
+            // rows, hashed by handler).
+            (
+                "tasks_ready_claim|tasks_namespace_state_id_unheld",
+                &sql.stats_queues,
+                "n",
+            ),
             // A workflow's steps, and its parents' outputs at a claim.
             ("tasks_workflow", &sql.steps_of, "t"),
             ("tasks_workflow", sql.step_outputs.get(1), "tt"),

@@ -24,7 +24,7 @@ pub struct Statements {
     pub callback_of: String,
     /// Listings (without bodies, with their sizes), indexed by
     /// [`list_index`].
-    pub list: [String; 64],
+    pub list: [String; LISTS],
     /// The task of an idempotency key, in a namespace or in any.
     pub by_request_id: String,
     pub by_request_id_any: String,
@@ -177,44 +177,94 @@ pub struct Statements {
     pub list_workflows: [String; 4],
 }
 
+/// How a listing filters on the state. The index of the states
+/// (`tasks_namespace_state_id_unheld`) leaves out the tasks in flight, so
+/// that a claim and an ACK do not rewrite it; a list of those states reads
+/// the in-flight index (`tasks_in_flight`, by `{in_flight_from}`) instead.
+/// Either way the statement repeats the index's condition word for word
+/// (`{unheld}` for the first), as SQLite uses a partial index only for a
+/// query that does, and Postgres only for one that implies it whatever the
+/// bound state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListState {
+    /// No filter on the state.
+    Any,
+    /// One state out of flight (not DISPATCHING or RUNNING).
+    Unheld,
+    /// DISPATCHING or RUNNING.
+    InFlight,
+}
+
+impl ListState {
+    /// The filter's class for an optional state.
+    pub fn of(state: Option<taskmesh_core::TaskState>) -> Self {
+        use taskmesh_core::TaskState;
+        match state {
+            None => Self::Any,
+            Some(TaskState::Dispatching | TaskState::Running) => Self::InFlight,
+            Some(_) => Self::Unheld,
+        }
+    }
+}
+
+/// How many listing statements there are: three kinds of state filter
+/// times the five other filters' 32 combinations.
+pub const LISTS: usize = 3 * 32;
+
 /// The index into [`Statements::list`] for a filter on namespace, state,
 /// handler, a `before_id` cursor and a creation-time range.
 pub fn list_index(
     namespace: bool,
-    state: bool,
+    state: ListState,
     handler: bool,
     before: bool,
     created_after: bool,
     created_before: bool,
 ) -> usize {
-    usize::from(state)
-        | usize::from(handler) << 1
-        | usize::from(before) << 2
-        | usize::from(namespace) << 3
-        | usize::from(created_after) << 4
-        | usize::from(created_before) << 5
+    let rest = usize::from(handler)
+        | usize::from(before) << 1
+        | usize::from(namespace) << 2
+        | usize::from(created_after) << 3
+        | usize::from(created_before) << 4;
+    let state = match state {
+        ListState::Any => 0,
+        ListState::Unheld => 1,
+        ListState::InFlight => 2,
+    };
+    rest * 3 + state
 }
 
 /// Arguments bind in this order: namespace, state, handler, before id,
 /// created after, created before, limit.
 fn list_template(i: usize) -> String {
+    let (rest, state) = (i / 3, i % 3);
     let mut conditions = Vec::new();
-    if i & 8 != 0 {
+    // Word for word the partial indexes' conditions (see [`ListState`]).
+    let from = match state {
+        2 => {
+            conditions.push("state IN ('DISPATCHING', 'RUNNING')");
+            "{in_flight_from}"
+        }
+        _ => "tasks",
+    };
+    if rest & 4 != 0 {
         conditions.push("namespace = ?");
     }
-    if i & 1 != 0 {
-        conditions.push("state = ?");
+    match state {
+        1 => conditions.push("state = ?{unheld}"),
+        2 => conditions.push("state = ?"),
+        _ => {}
     }
-    if i & 2 != 0 {
+    if rest & 1 != 0 {
         conditions.push("handler = ?");
     }
-    if i & 4 != 0 {
+    if rest & 2 != 0 {
         conditions.push("id < ?");
     }
-    if i & 16 != 0 {
+    if rest & 8 != 0 {
         conditions.push("created_at >= ?");
     }
-    if i & 32 != 0 {
+    if rest & 16 != 0 {
         conditions.push("created_at < ?");
     }
     let filter = if conditions.is_empty() {
@@ -222,7 +272,7 @@ fn list_template(i: usize) -> String {
     } else {
         format!(" WHERE {}", conditions.join(" AND "))
     };
-    format!("SELECT {TASK_READ_SUMMARY} FROM tasks{filter} ORDER BY id DESC LIMIT ?")
+    format!("SELECT {TASK_READ_SUMMARY} FROM {from}{filter} ORDER BY id DESC LIMIT ?")
 }
 
 impl Statements {
@@ -449,7 +499,7 @@ impl Statements {
             retention_rules_in: r("SELECT namespace, handler, state, horizon_ms \
                  FROM retention_policies WHERE namespace = ? ORDER BY handler, state"),
             oldest_ended: r(
-                "SELECT id, ended_at FROM tasks WHERE namespace = ? AND state = ? \
+                "SELECT id, ended_at FROM tasks WHERE namespace = ? AND state = ?{unheld} \
                  ORDER BY id LIMIT 1",
             ),
             nth_newest_fire: r(

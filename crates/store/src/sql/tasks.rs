@@ -14,7 +14,10 @@ use super::backend::{Backend, in_savepoint};
 use super::batch::insert_many;
 use super::dialect::{chunks, in_lists};
 use super::rows::{attempt_args, insert_args};
-use super::{SqlStore, Val, args, statements::list_index};
+use super::{
+    SqlStore, Val, args,
+    statements::{ListState, list_index},
+};
 use crate::error::is_unique_violation;
 use crate::{
     Chooser, Created, Error, LIST_SCAN, Result, TaskChange, TaskFilter, TaskPage, decode,
@@ -248,7 +251,7 @@ fn list_statement<B: Backend>(
 ) -> (&'static str, Vec<Val>) {
     let i = list_index(
         filter.namespace.is_some(),
-        filter.state.is_some(),
+        ListState::of(filter.state),
         filter.handler.is_some(),
         cursor.is_some(),
         filter.created_after.is_some(),
