@@ -21,8 +21,9 @@ pub struct Created {
 #[derive(Debug, Clone, Default)]
 pub struct TaskFilter {
     /// Only this namespace (`None`: every namespace, for operators' tools;
-    /// by state too, such a list has no index made for it and may read the
-    /// whole table).
+    /// by a state out of flight too, such a list has no index made for it
+    /// and may read the whole table; by DISPATCHING or RUNNING it reads the
+    /// tasks in flight only).
     pub namespace: Option<String>,
     /// Only this state.
     pub state: Option<TaskState>,
