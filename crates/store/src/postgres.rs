@@ -51,7 +51,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     concurrency_from: "tasks",
     ended_from: "tasks t",
     in_flight_from: "tasks",
-    unheld: " AND state NOT IN ('DISPATCHING', 'RUNNING')",
+    unheld: crate::sql::PARTIAL_UNHELD,
     ended_workflows_from: "workflows w",
     bulk: BulkForm::ValuesAliased,
     ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",

@@ -62,7 +62,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     ended_from: "tasks t INDEXED BY tasks_ended",
     ended_workflows_from: "workflows w INDEXED BY workflows_ended",
     in_flight_from: "tasks INDEXED BY tasks_in_flight",
-    unheld: " AND state NOT IN ('DISPATCHING', 'RUNNING')",
+    unheld: crate::sql::PARTIAL_UNHELD,
     bulk: BulkForm::ValuesNumbered,
     ignore_duplicate: " ON CONFLICT ({k}) DO NOTHING",
 };

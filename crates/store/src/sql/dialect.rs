@@ -91,6 +91,10 @@ pub struct Dialect {
     pub ignore_duplicate: &'static str,
 }
 
+/// `unheld` of the dialects with partial indexes: the condition of
+/// `tasks_namespace_state_id_unheld` (migrations 0015).
+pub const PARTIAL_UNHELD: &str = " AND state NOT IN ('DISPATCHING', 'RUNNING')";
+
 impl Dialect {
     /// Renders `template` for this dialect (see the module comment).
     pub fn render(&self, template: &str) -> String {

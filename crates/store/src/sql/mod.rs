@@ -42,7 +42,7 @@ pub use backend::{Args, Backend, Val};
 pub(crate) const STATEMENT_CACHE: usize = 1_024;
 pub(crate) use backend::{args, bind_all, sqlx_backend};
 pub use batch::Batch;
-pub use dialect::{BulkForm, Dialect, LADDER, Ladder};
+pub use dialect::{BulkForm, Dialect, LADDER, Ladder, PARTIAL_UNHELD};
 pub use statements::{ListState, Statements, list_index};
 pub use workflows::CreatedWorkflow;
 

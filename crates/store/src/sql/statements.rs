@@ -188,20 +188,22 @@ pub struct Statements {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ListState {
     /// No filter on the state.
-    Any,
+    Any = 0,
     /// One state out of flight (not DISPATCHING or RUNNING).
-    Unheld,
+    Unheld = 1,
     /// DISPATCHING or RUNNING.
-    InFlight,
+    InFlight = 2,
 }
 
 impl ListState {
+    /// In discriminant order.
+    const ALL: [Self; 3] = [Self::Any, Self::Unheld, Self::InFlight];
+
     /// The filter's class for an optional state.
     pub fn of(state: Option<taskmesh_core::TaskState>) -> Self {
-        use taskmesh_core::TaskState;
         match state {
             None => Self::Any,
-            Some(TaskState::Dispatching | TaskState::Running) => Self::InFlight,
+            Some(s) if s.is_in_flight() => Self::InFlight,
             Some(_) => Self::Unheld,
         }
     }
@@ -209,7 +211,7 @@ impl ListState {
 
 /// How many listing statements there are: three kinds of state filter
 /// times the five other filters' 32 combinations.
-pub const LISTS: usize = 3 * 32;
+pub const LISTS: usize = ListState::ALL.len() * 32;
 
 /// The index into [`Statements::list`] for a filter on namespace, state,
 /// handler, a `before_id` cursor and a creation-time range.
@@ -226,34 +228,29 @@ pub fn list_index(
         | usize::from(namespace) << 2
         | usize::from(created_after) << 3
         | usize::from(created_before) << 4;
-    let state = match state {
-        ListState::Any => 0,
-        ListState::Unheld => 1,
-        ListState::InFlight => 2,
-    };
-    rest * 3 + state
+    rest * ListState::ALL.len() + state as usize
 }
 
 /// Arguments bind in this order: namespace, state, handler, before id,
 /// created after, created before, limit.
 fn list_template(i: usize) -> String {
-    let (rest, state) = (i / 3, i % 3);
+    let n = ListState::ALL.len();
+    let (rest, state) = (i / n, ListState::ALL[i % n]);
     let mut conditions = Vec::new();
     // Word for word the partial indexes' conditions (see [`ListState`]).
-    let from = match state {
-        2 => {
-            conditions.push("state IN ('DISPATCHING', 'RUNNING')");
-            "{in_flight_from}"
-        }
-        _ => "tasks",
+    let from = if state == ListState::InFlight {
+        conditions.push("state IN ('DISPATCHING', 'RUNNING')");
+        "{in_flight_from}"
+    } else {
+        "tasks"
     };
     if rest & 4 != 0 {
         conditions.push("namespace = ?");
     }
     match state {
-        1 => conditions.push("state = ?{unheld}"),
-        2 => conditions.push("state = ?"),
-        _ => {}
+        ListState::Unheld => conditions.push("state = ?{unheld}"),
+        ListState::InFlight => conditions.push("state = ?"),
+        ListState::Any => {}
     }
     if rest & 1 != 0 {
         conditions.push("handler = ?");
