@@ -41,6 +41,16 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# The columns every ended task of both halves shares (the retention bench's
+# ended tasks: CANCELLED, of a handler no worker serves); ids, digests and
+# times are each half's own.
+SHAPE = {
+    "namespace": "default", "handler": "bench-ended", "state": "CANCELLED",
+    "content_type": "application/octet-stream", "labels": "{}",
+    "error_message": "bench: ended long ago", "version": 2, "max_attempts": 3,
+}
+TIMES = ("created_at", "updated_at", "run_at", "ready_at", "ended_at")
+
 
 def open_db(path):
     db = sqlite3.connect(path, isolation_level=None)
@@ -71,13 +81,11 @@ def fill(db, rows):
                 values[name] = None
             else:
                 values[name] = {"INTEGER": 0, "REAL": 2.0, "BLOB": b""}.get(kind, "")
+        values.update(SHAPE)
+        values.update(dict.fromkeys(TIMES, t))
         values.update(
-            id=task_id, namespace="default", handler="bench-ended", state="CANCELLED",
-            content_type="application/octet-stream", labels="{}",
-            request_fingerprint=os.urandom(32).hex(), error_message="bench: ended long ago",
+            id=task_id, request_fingerprint=os.urandom(32).hex(),
             traceparent=f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01",
-            created_at=t, updated_at=t, run_at=t, ready_at=t, ended_at=t, version=2,
-            max_attempts=3,
         )
         return [values[n] for n in names]
 
@@ -86,6 +94,13 @@ def fill(db, rows):
     db.executemany(insert, (row(i) for i in range(rows)))
     db.execute("COMMIT")
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def filled(path, rows):
+    """A new database at `path` holding `rows` ended tasks."""
+    db = open_db(path)
+    fill(db, rows)
+    return db
 
 
 def wal_bytes(path):
@@ -102,8 +117,7 @@ def oldest(db, n):
 
 
 def by_delete(path, rows, remove, batch):
-    db = open_db(path)
-    fill(db, rows)
+    db = filled(path, rows)
     ids = oldest(db, remove)
     before, t0 = wal_bytes(path), time.perf_counter()
     for k in range(0, len(ids), batch):
@@ -118,8 +132,7 @@ def by_delete(path, rows, remove, batch):
 
 
 def by_drop(path, rows, remove):
-    db = open_db(path)
-    fill(db, rows)
+    db = filled(path, rows)
     db.execute("CREATE TABLE part AS SELECT * FROM tasks WHERE 0")
     indexes = db.execute(
         "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'tasks' "
@@ -134,6 +147,13 @@ def by_drop(path, rows, remove):
     db.execute("COMMIT")
     took = time.perf_counter() - t0
     return (wal_bytes(path) - before) / remove, took / remove * 1e6, took * 1000, db
+
+
+def literal(value):
+    """`value` (text or a whole number) as an SQL literal."""
+    if isinstance(value, int):
+        return str(value)
+    return "'" + value.replace("'", "''") + "'"
 
 
 def postgres(rows, remove, batch):
@@ -168,17 +188,13 @@ def postgres(rows, remove, batch):
             f"WHERE table_schema = '{schema}' AND table_name = 'tasks' ORDER BY ordinal_position"
         ).splitlines()]
         # The same shape as the SQLite half, one task a millisecond.
-        given = {
-            "id": "lpad(to_hex(g), 12, '0') || '-' || md5(g::text)", "namespace": "'default'",
-            "handler": "'bench-ended'", "state": "'CANCELLED'",
-            "content_type": "'application/octet-stream'", "labels": "'{}'",
+        given = {name: literal(v) for name, v in SHAPE.items()}
+        given.update(dict.fromkeys(TIMES, "(1700000000000 + g)"))
+        given.update({
+            "id": "lpad(to_hex(g), 12, '0') || '-' || md5(g::text)",
             "request_fingerprint": "md5(g::text) || md5((g + 1)::text)",
-            "error_message": "'bench: ended long ago'",
             "traceparent": "'00-' || md5(g::text) || '-0123456789abcdef-01'",
-            "version": "2", "max_attempts": "3",
-        }
-        for name in ("created_at", "updated_at", "run_at", "ready_at", "ended_at"):
-            given[name] = "(1700000000000 + g)"
+        })
         blank = {"bigint": "0", "integer": "0", "smallint": "0", "double precision": "2.0",
                  "real": "2.0", "bytea": "''::bytea", "boolean": "false"}
         values = [given.get(name) or ("NULL" if nullable == "YES" else blank.get(kind, "''"))
